@@ -1,0 +1,113 @@
+"""Engines and connections for both dialects, and the one place driver errors are mapped.
+
+SQLite: WAL, ``synchronous=FULL``, foreign keys on, a busy timeout, and every transaction
+begun with ``BEGIN IMMEDIATE`` so the claim is a single writer with no upgrade deadlock.
+PostgreSQL: psycopg 3, pre-ping, a connect timeout, and an optional schema applied through
+``schema_translate_map`` plus ``search_path``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy import event
+from sqlalchemy.engine import Connection, Engine
+
+from outbox import errors
+
+SQLITE_BUSY_TIMEOUT_MS = 30_000
+
+
+def normalise_url(url: str) -> str:
+    """Accept ``postgres://`` and ``postgresql://`` and use the psycopg 3 driver."""
+    for prefix in ("postgres://", "postgresql://"):
+        if url.startswith(prefix):
+            return "postgresql+psycopg://" + url[len(prefix) :]
+    return url
+
+
+def create_engine(
+    url: str,
+    *,
+    schema: str | None = None,
+    pool_size: int = 5,
+    connect_timeout: float = 5.0,
+    **kwargs: Any,
+) -> Engine:
+    """An engine configured for the outbox on SQLite or PostgreSQL."""
+    url = normalise_url(url)
+    if url.startswith("sqlite"):
+        engine = sa.create_engine(
+            url,
+            connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000, "check_same_thread": False},
+            **kwargs,
+        )
+        _configure_sqlite(engine)
+        return engine
+    engine = sa.create_engine(
+        url,
+        pool_size=pool_size,
+        max_overflow=pool_size,
+        pool_pre_ping=True,
+        connect_args={"connect_timeout": max(1, int(connect_timeout))},
+        **kwargs,
+    )
+    if schema:
+        engine = engine.execution_options(schema_translate_map={None: schema})
+
+        @event.listens_for(engine, "connect")
+        def _search_path(dbapi_conn: Any, _rec: Any) -> None:
+            with dbapi_conn.cursor() as cur:
+                cur.execute(f'SET search_path TO "{schema}", public')
+            dbapi_conn.commit()
+
+    return engine
+
+
+def _configure_sqlite(engine: Engine) -> None:
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn: Any, _rec: Any) -> None:
+        dbapi_conn.isolation_level = None  # we issue BEGIN ourselves
+        cur = dbapi_conn.cursor()
+        cur.execute("PRAGMA journal_mode=WAL")
+        cur.execute("PRAGMA synchronous=FULL")
+        cur.execute("PRAGMA foreign_keys=ON")
+        cur.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+        cur.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Connection) -> None:
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+def is_sqlite(conn: Connection | Engine) -> bool:
+    return conn.dialect.name == "sqlite"
+
+
+def translate(exc: sa.exc.DBAPIError) -> errors.OutboxError | None:
+    """Map a database error raised by one of our rules to our error, else None."""
+    text = str(exc.orig) if exc.orig is not None else str(exc)
+    if "outbox: immutable column" in text:
+        return errors.ImmutableField("an immutable column of outbox_operations was changed")
+    if "is append-only" in text:
+        return errors.AppendOnly()
+    if "exceeds max_payload_bytes" in text:
+        return errors.InvalidPayload("the payload exceeds max_payload_bytes")
+    if "not valid JSON" in text:
+        return errors.InvalidPayload("the payload is not valid JSON")
+    return None
+
+
+@contextmanager
+def mapped_errors() -> Iterator[None]:
+    """Re-raise database errors from our rules as :class:`~outbox.errors.OutboxError`."""
+    try:
+        yield
+    except sa.exc.DBAPIError as exc:
+        mapped = translate(exc)
+        if mapped is None:
+            raise
+        raise mapped from exc

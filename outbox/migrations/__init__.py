@@ -1,0 +1,1 @@
+"""Alembic migrations of the outbox tables, shipped inside the package."""

@@ -1,0 +1,105 @@
+"""Column types and database-clock expressions that compile for SQLite and PostgreSQL.
+
+Timestamps are UTC everywhere. PostgreSQL stores ``timestamptz``; SQLite stores text in
+SQLAlchemy's default ``YYYY-MM-DD HH:MM:SS.ffffff`` form, which sorts and compares
+correctly as text and is exactly what :class:`db_now` produces, so the database clock can
+be used in SQL on both dialects.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.sql.compiler import SQLCompiler
+from sqlalchemy.sql.functions import FunctionElement
+
+JSONType = sa.JSON().with_variant(postgresql.JSONB(), "postgresql")
+
+SQLITE_NOW = "strftime('%Y-%m-%d %H:%M:%f000', 'now')"
+"""SQLite's clock in the stored text form (millisecond resolution, microsecond digits)."""
+
+
+class UtcDateTime(sa.types.TypeDecorator[datetime]):
+    """A timezone-aware UTC datetime on both dialects."""
+
+    impl = sa.DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: sa.Dialect) -> Any:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=UTC)
+        value = value.astimezone(UTC)
+        if dialect.name == "sqlite":
+            return value.replace(tzinfo=None)
+        return value
+
+    def process_result_value(self, value: Any, dialect: sa.Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if isinstance(value, str):  # a plain-SQL insert into SQLite with another text form
+            value = datetime.fromisoformat(value.replace("Z", "+00:00"))
+        if value.tzinfo is None:
+            return value.replace(tzinfo=UTC)  # type: ignore[no-any-return]
+        return value.astimezone(UTC)  # type: ignore[no-any-return]
+
+
+class db_now(FunctionElement[datetime]):  # noqa: N801 - reads like a SQL function
+    """The database's clock (statement time), plus an optional offset in seconds.
+
+    ``db_now()`` or ``db_now(offset_seconds_expression)``. Leases, deadlines and retry times
+    are measured on this clock, never on a worker's.
+    """
+
+    type = UtcDateTime()
+    inherit_cache = True
+    name = "db_now"
+
+
+@compiles(db_now, "sqlite")
+def _db_now_sqlite(element: db_now, compiler: SQLCompiler, **kw: Any) -> str:
+    args = list(element.clauses)
+    if not args:
+        return SQLITE_NOW
+    offset = compiler.process(args[0], **kw)
+    return (
+        "strftime('%Y-%m-%d %H:%M:%f000', 'now', "
+        f"printf('%+.6f seconds', CAST({offset} AS REAL)))"
+    )
+
+
+@compiles(db_now, "postgresql")
+def _db_now_pg(element: db_now, compiler: SQLCompiler, **kw: Any) -> str:
+    args = list(element.clauses)
+    if not args:
+        return "statement_timestamp()"
+    offset = compiler.process(args[0], **kw)
+    return f"(statement_timestamp() + make_interval(secs => CAST({offset} AS double precision)))"
+
+
+class add_seconds(FunctionElement[datetime]):  # noqa: N801
+    """``timestamp_column + seconds`` on both dialects."""
+
+    type = UtcDateTime()
+    inherit_cache = True
+    name = "add_seconds"
+
+
+@compiles(add_seconds, "sqlite")
+def _add_seconds_sqlite(element: add_seconds, compiler: SQLCompiler, **kw: Any) -> str:
+    ts, secs = (compiler.process(c, **kw) for c in element.clauses)
+    return (
+        f"strftime('%Y-%m-%d %H:%M:%f000', {ts}, "
+        f"printf('%+.6f seconds', CAST({secs} AS REAL)))"
+    )
+
+
+@compiles(add_seconds, "postgresql")
+def _add_seconds_pg(element: add_seconds, compiler: SQLCompiler, **kw: Any) -> str:
+    ts, secs = (compiler.process(c, **kw) for c in element.clauses)
+    return f"({ts} + make_interval(secs => CAST({secs} AS double precision)))"
