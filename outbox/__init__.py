@@ -1,1 +1,42 @@
-"""outboxd agent side: the records, the state machine and the API agents call inside their own transaction."""
+"""outboxd, agent side: the records, the state machine, and the API an agent calls inside
+its own database transaction. Importing this package never imports the daemon."""
+
+from outbox.api import (
+    CancelResult,
+    StagedOperation,
+    advance,
+    cancel_task,
+    enqueue,
+    get_operation,
+    list_operations,
+    load_task,
+)
+from outbox.digest import default_idempotency_key, payload_digest
+from outbox.errors import (
+    OutboxError,
+    PayloadMismatch,
+    RevisionConflict,
+    SecretInPayload,
+)
+from outbox.records import OperationRecord, TaskRecord
+from outbox.states import OperationStatus
+
+__all__ = [
+    "CancelResult",
+    "OperationRecord",
+    "OperationStatus",
+    "OutboxError",
+    "PayloadMismatch",
+    "RevisionConflict",
+    "SecretInPayload",
+    "StagedOperation",
+    "TaskRecord",
+    "advance",
+    "cancel_task",
+    "default_idempotency_key",
+    "enqueue",
+    "get_operation",
+    "list_operations",
+    "load_task",
+    "payload_digest",
+]

@@ -92,7 +92,10 @@ def sqlite_drop_statements() -> list[str]:
 
 def postgresql_statements(schema: str | None = None) -> list[str]:
     ops, meta = _q(schema, "outbox_operations"), _q(schema, "outbox_meta")
-    fn = lambda name: _q(schema, name)  # noqa: E731
+
+    def fn(name: str) -> str:
+        return _q(schema, name)
+
     stmts = [
         f"CREATE SEQUENCE IF NOT EXISTS {_q(schema, 'outbox_fencing_seq')}",
         f"""

@@ -91,8 +91,10 @@ def sql_script(url: str, schema: str | None = None) -> str:
     buf = io.StringIO()
     cfg = _config(schema)
     cfg.output_buffer = buf
-    cfg.attributes["url"] = sa.engine.make_url(url).set(database=None).render_as_string(
-        hide_password=False
-    ) if not url.startswith("sqlite") else "sqlite://"
+    cfg.attributes["url"] = (
+        sa.engine.make_url(url).set(database=None).render_as_string(hide_password=False)
+        if not url.startswith("sqlite")
+        else "sqlite://"
+    )
     command.upgrade(cfg, "head", sql=True)
     return buf.getvalue()

@@ -9,7 +9,8 @@ Who moves a row *out* of each state:
 
 =============  ==================================================================
 pending        the dispatcher's claim (-> claimed); cancellation (-> cancelled)
-claimed        the dispatcher's checks (-> dispatching / blocked / cancelled);
+claimed        the dispatcher's checks (-> dispatching / blocked / cancelled, or
+               unknown when an earlier ambiguous attempt may not be re-sent blindly);
                lease recovery (-> pending: it was never sent)
 dispatching    the dispatcher recording an outcome (-> applied / rejected /
                pending / unknown / blocked); lease recovery (-> unknown, never pending)
@@ -50,7 +51,7 @@ S = OperationStatus
 #: Allowed automatic transitions (from -> set of to). Operator overrides are separate.
 TRANSITIONS: dict[OperationStatus, frozenset[OperationStatus]] = {
     S.PENDING: frozenset({S.CLAIMED, S.CANCELLED, S.BLOCKED}),
-    S.CLAIMED: frozenset({S.DISPATCHING, S.BLOCKED, S.PENDING, S.CANCELLED}),
+    S.CLAIMED: frozenset({S.DISPATCHING, S.BLOCKED, S.PENDING, S.CANCELLED, S.UNKNOWN}),
     S.DISPATCHING: frozenset({S.APPLIED, S.REJECTED, S.PENDING, S.UNKNOWN, S.BLOCKED}),
     S.UNKNOWN: frozenset({S.APPLIED, S.PENDING, S.BLOCKED, S.REJECTED}),
     S.BLOCKED: frozenset({S.PENDING, S.CANCELLED}),

@@ -49,7 +49,7 @@ class UtcDateTime(sa.types.TypeDecorator[datetime]):
         return value.astimezone(UTC)  # type: ignore[no-any-return]
 
 
-class db_now(FunctionElement[datetime]):  # noqa: N801 - reads like a SQL function
+class db_now(FunctionElement[datetime]):
     """The database's clock (statement time), plus an optional offset in seconds.
 
     ``db_now()`` or ``db_now(offset_seconds_expression)``. Leases, deadlines and retry times
@@ -82,7 +82,7 @@ def _db_now_pg(element: db_now, compiler: SQLCompiler, **kw: Any) -> str:
     return f"(statement_timestamp() + make_interval(secs => CAST({offset} AS double precision)))"
 
 
-class add_seconds(FunctionElement[datetime]):  # noqa: N801
+class add_seconds(FunctionElement[datetime]):
     """``timestamp_column + seconds`` on both dialects."""
 
     type = UtcDateTime()

@@ -301,7 +301,8 @@ def downgrade() -> None:
 
 
 def _schema() -> str | None:
-    schema = op.get_context().config.attributes.get("schema") if op.get_context().config else None
+    config = op.get_context().config
+    schema = config.attributes.get("schema") if config is not None else None
     return schema if isinstance(schema, str) else None
 
 

@@ -1,0 +1,93 @@
+"""Checks before dispatch: is this claimed row still allowed to leave the process?
+
+Admission (the row is well formed: :func:`outbox.admission.admit`), budget left, and the
+receiver's deduplication window for a blind re-send. Authority checks — approvals,
+deadlines, versions, artifacts — plug in through :class:`AuthorityCheck`, which runs
+inside the transaction that commits ``dispatching`` so an approval is consumed atomically
+with it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Protocol
+
+from sqlalchemy.engine import Connection
+
+from dispatcher import outcomes
+from outbox.admission import admit
+from outbox.records import OperationRecord
+from outbox.states import OperationStatus
+from providers.base import Provider
+
+S = OperationStatus
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """``status`` is None when the row may be dispatched."""
+
+    status: OperationStatus | None = None
+    reason: str | None = None
+    digest: str | None = None
+    dedup_refused: bool = False
+
+
+class AuthorityCheck(Protocol):
+    def check(
+        self, conn: Connection, rows: Sequence[OperationRecord], now: datetime
+    ) -> Mapping[int, str]:
+        """Return ``{id: blocked_reason}`` for rows that may not be dispatched now."""
+        ...
+
+    def consume(self, conn: Connection, rows: Sequence[OperationRecord], token: int) -> None:
+        """Called in the same transaction, for rows that were committed ``dispatching``."""
+        ...
+
+
+class NoAuthority:
+    """No approvals or other authority rules configured."""
+
+    def check(
+        self, conn: Connection, rows: Sequence[OperationRecord], now: datetime
+    ) -> Mapping[int, str]:
+        return {}
+
+    def consume(self, conn: Connection, rows: Sequence[OperationRecord], token: int) -> None:
+        return None
+
+
+def pre_dispatch(
+    op: OperationRecord,
+    *,
+    providers: Mapping[str, Provider],
+    max_payload_bytes: int,
+    margin: float,
+    now: datetime,
+) -> Verdict:
+    """The dispatcher's own checks for one claimed row (no I/O)."""
+    provider = providers.get(op.provider)
+    caps = provider.capabilities if provider is not None else None
+    adm = admit(
+        op,
+        known_providers=providers.keys(),
+        max_payload_bytes=max_payload_bytes,
+        supported_schemas=caps.payload_schemas if caps else None,
+    )
+    if not adm.ok:
+        return Verdict(S.BLOCKED, adm.reason)
+    assert caps is not None
+    policy = outcomes.policy_for(caps, op.max_attempts, op.max_elapsed_seconds)
+    spent = policy.budget_left(
+        attempts=op.attempts, first_dispatched_at=op.first_dispatched_at, now=now
+    )
+    if spent is not None:
+        status = S.UNKNOWN if outcomes.blind(op.last_outcome) else S.BLOCKED
+        return Verdict(status, outcomes.BUDGET_EXHAUSTED, adm.digest)
+    if outcomes.blind(op.last_outcome) and not outcomes.window_open(
+        caps, margin, op.first_dispatched_at, now
+    ):
+        return Verdict(S.UNKNOWN, outcomes.DEDUP_WINDOW_PASSED, adm.digest, dedup_refused=True)
+    return Verdict(None, None, adm.digest)

@@ -1,0 +1,97 @@
+"""Prometheus metrics (names are the product's contract; labels may grow).
+
+Counters live in the process and start at zero after a restart, by design; the gauges are
+read from the database by a scheduler job (:mod:`dispatcher.gauges`), so they are right
+after a restart. Labels carry identifiers (provider, outcome, reason), never payloads.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+REGISTRY = CollectorRegistry(auto_describe=True)
+
+_LATENCY_BUCKETS = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+)
+
+DISPATCH_ATTEMPTS = Counter(
+    "outbox_dispatch_attempts_total",
+    "Dispatch attempts by outcome class.",
+    ["provider", "outcome"],
+    registry=REGISTRY,
+)
+RETRIES = Counter(
+    "outbox_retries_total",
+    "Operations scheduled for another attempt.",
+    ["provider"],
+    registry=REGISTRY,
+)
+DUPLICATES_SUPPRESSED = Counter(
+    "outbox_duplicates_suppressed_total",
+    "Effects that would have been duplicates: the receiver replayed a key, or "
+    "reconciliation found the effect already applied.",
+    ["provider", "source"],
+    registry=REGISTRY,
+)
+UNKNOWN_OPERATIONS = Gauge(
+    "outbox_unknown_operations", "Operations whose outcome is not established.", registry=REGISTRY
+)
+OPERATIONS = Gauge("outbox_operations", "Operations by status.", ["status"], registry=REGISTRY)
+OLDEST_PENDING_AGE = Gauge(
+    "outbox_oldest_pending_age_seconds",
+    "Age of the oldest due pending operation.",
+    registry=REGISTRY,
+)
+DISPATCH_DURATION = Histogram(
+    "outbox_dispatch_duration_seconds",
+    "Time of one provider call.",
+    ["provider"],
+    buckets=_LATENCY_BUCKETS,
+    registry=REGISTRY,
+)
+CLAIM_DURATION = Histogram(
+    "outbox_claim_duration_seconds",
+    "Time of one claim transaction.",
+    buckets=_LATENCY_BUCKETS,
+    registry=REGISTRY,
+)
+FENCING_REJECTIONS = Counter(
+    "outbox_fencing_rejections_total",
+    "Writes of a stale worker that matched no row (never applied).",
+    registry=REGISTRY,
+)
+LEASE_EXPIRATIONS = Counter(
+    "outbox_lease_expirations_total",
+    "Leases that expired, by the phase they expired in.",
+    ["phase"],
+    registry=REGISTRY,
+)
+RECONCILIATIONS = Counter(
+    "outbox_reconciliations_total",
+    "Look-ups of unknown operations, by result.",
+    ["provider", "result"],
+    registry=REGISTRY,
+)
+DEDUP_WINDOW_REFUSALS = Counter(
+    "outbox_dedup_window_refusals_total",
+    "Re-sends refused because the receiver's deduplication window may have passed.",
+    ["provider"],
+    registry=REGISTRY,
+)
+BLOCKED_OPERATIONS = Gauge(
+    "outbox_blocked_operations", "Blocked operations by reason.", ["reason"], registry=REGISTRY
+)

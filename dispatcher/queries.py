@@ -1,0 +1,399 @@
+"""Every hot-path statement of the dispatcher, in one place.
+
+Each function is one named, documented statement (or the smallest group a dialect needs)
+with the invariant it keeps. They compile for PostgreSQL and SQLite from the same Core
+expressions; times are on the database clock (:class:`outbox.types.db_now`).
+
+Fencing: one claim takes one fresh value of the fencing counter for the whole batch, so
+every later write of that batch is ``WHERE (id, state_revision) IN (...) AND
+fencing_token = :token AND status = :expected``. A write that matches no row is a
+fencing rejection: another worker (or lease recovery) moved the row on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from outbox import schema
+from outbox.records import OperationRecord
+from outbox.states import NON_TERMINAL, OperationStatus
+from outbox.types import JSONType, db_now
+
+ops = schema.operations
+tasks = schema.tasks
+S = OperationStatus
+_NON_TERMINAL = sorted(s.value for s in NON_TERMINAL)
+
+
+def fetch_db_now(conn: Connection) -> datetime:
+    """The database clock."""
+    value = conn.execute(sa.select(db_now())).scalar_one()
+    assert isinstance(value, datetime)
+    return value
+
+
+def next_fencing_token(conn: Connection) -> int:
+    """A fresh value of the monotonic fencing counter (sequence / counter row)."""
+    if conn.dialect.name == "postgresql":
+        return int(conn.execute(sa.select(sa.func.nextval(schema.FENCING_SEQUENCE))).scalar_one())
+    meta = schema.meta
+    value = conn.execute(
+        sa.update(meta)
+        .where(meta.c.tenant_id == "*", meta.c.name == "fencing")
+        .values(value=sa.cast(sa.cast(meta.c.value, sa.Integer) + 1, sa.Text))
+        .returning(meta.c.value)
+    ).scalar_one()
+    return int(value)
+
+
+def _eligible(limit: int) -> sa.Select[Any]:
+    """Pending rows that are due, whose task is not cancelled, and that are first in line
+    for their ordering key (no earlier non-terminal operation with the same key)."""
+    earlier = ops.alias("earlier")
+    cancelled = sa.exists().where(
+        tasks.c.tenant_id == ops.c.tenant_id,
+        tasks.c.task_id == ops.c.task_id,
+        tasks.c.cancelled_at.isnot(None),
+    )
+    blocked_by_order = sa.exists().where(
+        earlier.c.ordering_key == ops.c.ordering_key,
+        earlier.c.id < ops.c.id,
+        earlier.c.status.in_(_NON_TERMINAL),
+    )
+    return (
+        sa.select(ops.c.id)
+        .where(
+            ops.c.status == S.PENDING.value,
+            sa.or_(ops.c.next_attempt_at.is_(None), ops.c.next_attempt_at <= db_now()),
+            ~cancelled,
+            sa.or_(ops.c.ordering_key.is_(None), ~blocked_by_order),
+        )
+        .order_by(ops.c.id)
+        .limit(limit)
+    )
+
+
+def operation_claim_batch(
+    conn: Connection, *, worker: str, limit: int, lease_seconds: float
+) -> tuple[int, list[OperationRecord]]:
+    """Claim up to ``limit`` eligible rows: ``pending -> claimed`` with a lease on the
+    database clock and a fresh fencing token. PostgreSQL: one statement, ``FOR UPDATE SKIP
+    LOCKED`` so replicas never wait on each other; SQLite: the caller's ``BEGIN
+    IMMEDIATE`` makes this the only writer. Returns ``(token, rows)``."""
+    if conn.dialect.name == "postgresql":
+        token_expr: Any = sa.select(sa.func.nextval(schema.FENCING_SEQUENCE)).scalar_subquery()
+        ids = _eligible(limit).with_for_update(skip_locked=True, of=ops)
+    else:
+        token_expr = next_fencing_token(conn)
+        ids = _eligible(limit)
+    rows = (
+        conn.execute(
+            sa.update(ops)
+            .where(ops.c.id.in_(ids.scalar_subquery()))
+            .values(
+                status=S.CLAIMED.value,
+                fencing_token=token_expr,
+                lease_owner=worker,
+                lease_expires_at=db_now(lease_seconds),
+                state_revision=ops.c.state_revision + 1,
+                updated_at=db_now(),
+            )
+            .returning(*ops.c)
+        )
+        .mappings()
+        .all()
+    )
+    records = sorted((OperationRecord.from_row(r) for r in rows), key=lambda r: r.id)
+    token = records[0].fencing_token if records else 0
+    return int(token or 0), records
+
+
+def _fenced(token: int, pairs: Iterable[tuple[int, int]], status: OperationStatus) -> Any:
+    return sa.and_(
+        sa.tuple_(ops.c.id, ops.c.state_revision).in_(list(pairs)),
+        ops.c.fencing_token == token,
+        ops.c.status == status.value,
+    )
+
+
+@dataclass(frozen=True)
+class Dispatching:
+    id: int
+    state_revision: int
+    attempts: int
+    first_dispatched_at: datetime
+    last_attempt_started_at: datetime
+
+
+def operation_mark_dispatching(
+    conn: Connection, *, token: int, pairs: Sequence[tuple[int, int]], lease_seconds: float
+) -> list[Dispatching]:
+    """``claimed -> dispatching`` ("dispatch may have occurred"), committed before any
+    request leaves. Counts the attempt, sets ``first_dispatched_at`` once, renews the lease,
+    and refuses rows whose own or task deadline has passed on the database clock (they are
+    returned absent; the caller blocks them)."""
+    if not pairs:
+        return []
+    task_deadline_passed = sa.exists().where(
+        tasks.c.tenant_id == ops.c.tenant_id,
+        tasks.c.task_id == ops.c.task_id,
+        tasks.c.deadline_at.isnot(None),
+        tasks.c.deadline_at <= db_now(),
+    )
+    rows = conn.execute(
+        sa.update(ops)
+        .where(
+            _fenced(token, pairs, S.CLAIMED),
+            sa.or_(ops.c.deadline_at.is_(None), ops.c.deadline_at > db_now()),
+            ~task_deadline_passed,
+        )
+        .values(
+            status=S.DISPATCHING.value,
+            attempts=ops.c.attempts + 1,
+            first_dispatched_at=sa.func.coalesce(ops.c.first_dispatched_at, db_now()),
+            last_attempt_started_at=db_now(),
+            lease_expires_at=db_now(lease_seconds),
+            state_revision=ops.c.state_revision + 1,
+            updated_at=db_now(),
+        )
+        .returning(
+            ops.c.id,
+            ops.c.state_revision,
+            ops.c.attempts,
+            ops.c.first_dispatched_at,
+            ops.c.last_attempt_started_at,
+        )
+    ).all()
+    return [Dispatching(r[0], r[1], r[2], r[3], r[4]) for r in rows]
+
+
+@dataclass(frozen=True)
+class Transition:
+    """One fenced status change of a leased row."""
+
+    id: int
+    state_revision: int
+    status: OperationStatus
+    status_reason: str | None = None
+    receipt: Any = None
+    last_outcome: str | None = None
+    delay_seconds: float | None = None
+    """For ``pending``: not before now + delay on the database clock."""
+    payload_digest: str | None = None
+
+
+def operation_transition_many(
+    conn: Connection, *, token: int, expected: OperationStatus, items: Sequence[Transition]
+) -> set[int]:
+    """Move leased rows on, each conditional on (id, fencing_token, state_revision, status).
+    One executemany plus one read-back of which rows this batch actually moved (the token
+    is unique to the batch, so ``revision + 1`` under our token can only be our write).
+    Returns the ids moved; the others are fencing rejections."""
+    if not items:
+        return set()
+    b = sa.bindparam
+    stmt = (
+        sa.update(ops)
+        .where(
+            ops.c.id == b("b_id"),
+            ops.c.state_revision == b("b_rev"),
+            ops.c.fencing_token == token,
+            ops.c.status == expected.value,
+        )
+        .values(
+            status=b("b_status"),
+            status_reason=b("b_reason"),
+            receipt=sa.case(
+                (b("b_has_receipt", type_=sa.Boolean), b("b_receipt", type_=JSONType)),
+                else_=ops.c.receipt,
+            ),
+            last_outcome=sa.func.coalesce(b("b_outcome", type_=sa.Text), ops.c.last_outcome),
+            next_attempt_at=sa.case(
+                (b("b_delay", type_=sa.Float).is_(None), None),
+                else_=db_now(b("b_delay", type_=sa.Float)),
+            ),
+            payload_digest=sa.func.coalesce(ops.c.payload_digest, b("b_digest", type_=sa.Text)),
+            lease_owner=sa.case(
+                (b("b_status") == S.PENDING.value, None),
+                (b("b_status") == S.UNKNOWN.value, None),
+                (b("b_status") == S.BLOCKED.value, None),
+                (b("b_status") == S.CANCELLED.value, None),
+                else_=ops.c.lease_owner,
+            ),
+            lease_expires_at=sa.case(
+                (b("b_status") == S.DISPATCHING.value, ops.c.lease_expires_at), else_=None
+            ),
+            state_revision=ops.c.state_revision + 1,
+            updated_at=db_now(),
+        )
+    )
+    conn.execute(
+        stmt,
+        [
+            {
+                "b_id": t.id,
+                "b_rev": t.state_revision,
+                "b_status": t.status.value,
+                "b_reason": t.status_reason,
+                "b_has_receipt": t.receipt is not None,
+                "b_receipt": t.receipt,
+                "b_outcome": t.last_outcome,
+                "b_delay": t.delay_seconds,
+                "b_digest": t.payload_digest,
+            }
+            for t in items
+        ],
+    )
+    moved = conn.execute(
+        sa.select(ops.c.id).where(
+            sa.tuple_(ops.c.id, ops.c.state_revision).in_(
+                [(t.id, t.state_revision + 1) for t in items]
+            ),
+            ops.c.fencing_token == token,
+        )
+    ).scalars()
+    return set(moved)
+
+
+def lease_extend(
+    conn: Connection, *, token: int, pairs: Sequence[tuple[int, int]], lease_seconds: float
+) -> int:
+    """Extend the lease of rows still ``dispatching`` under this token (not a transition:
+    the revision is unchanged). Returns how many were extended."""
+    if not pairs:
+        return 0
+    result = conn.execute(
+        sa.update(ops)
+        .where(_fenced(token, pairs, S.DISPATCHING))
+        .values(lease_expires_at=db_now(lease_seconds))
+    )
+    return int(result.rowcount or 0)
+
+
+def lease_expired(conn: Connection, *, limit: int) -> list[OperationRecord]:
+    """Leased rows whose lease has passed on the database clock."""
+    q = (
+        sa.select(ops)
+        .where(
+            ops.c.status.in_([S.CLAIMED.value, S.DISPATCHING.value]),
+            ops.c.lease_expires_at < db_now(),
+        )
+        .order_by(ops.c.lease_expires_at)
+        .limit(limit)
+    )
+    if conn.dialect.name == "postgresql":
+        q = q.with_for_update(skip_locked=True)
+    return [OperationRecord.from_row(r) for r in conn.execute(q).mappings()]
+
+
+def lease_recover(conn: Connection, rows: Sequence[OperationRecord]) -> list[OperationRecord]:
+    """Expired ``claimed`` -> ``pending`` (never sent); expired ``dispatching`` ->
+    ``unknown`` (may have been sent: never ``pending``). Conditional on revision and an
+    expired lease, so a worker that extended its lease in time keeps it."""
+    moved: list[OperationRecord] = []
+    for status, target, reason in (
+        (S.CLAIMED, S.PENDING, None),
+        (S.DISPATCHING, S.UNKNOWN, "lease_expired_while_dispatching"),
+    ):
+        pairs = [(r.id, r.state_revision) for r in rows if r.status == status]
+        if not pairs:
+            continue
+        values: dict[str, Any] = {
+            "status": target.value,
+            "status_reason": reason,
+            "lease_owner": None,
+            "lease_expires_at": None,
+            "state_revision": ops.c.state_revision + 1,
+            "updated_at": db_now(),
+        }
+        if target == S.UNKNOWN:
+            values["last_outcome"] = "lost"
+            values["next_attempt_at"] = None
+        result = conn.execute(
+            sa.update(ops)
+            .where(
+                sa.tuple_(ops.c.id, ops.c.state_revision).in_(pairs),
+                ops.c.status == status.value,
+                ops.c.lease_expires_at < db_now(),
+            )
+            .values(**values)
+            .returning(*ops.c)
+        ).mappings()
+        moved.extend(OperationRecord.from_row(r) for r in result)
+    return moved
+
+
+def unknown_due(conn: Connection, *, limit: int) -> list[OperationRecord]:
+    """``unknown`` rows whose next look-up is due."""
+    return [
+        OperationRecord.from_row(r)
+        for r in conn.execute(
+            sa.select(ops)
+            .where(
+                ops.c.status == S.UNKNOWN.value,
+                sa.or_(ops.c.next_attempt_at.is_(None), ops.c.next_attempt_at <= db_now()),
+            )
+            .order_by(ops.c.next_attempt_at, ops.c.id)
+            .limit(limit)
+        ).mappings()
+    ]
+
+
+def unknown_resolve(
+    conn: Connection,
+    *,
+    row: OperationRecord,
+    status: OperationStatus,
+    reason: str | None,
+    receipt: Any = None,
+    last_outcome: str | None = None,
+    delay_seconds: float | None = None,
+) -> bool:
+    """Move an ``unknown`` row on from reconciliation evidence, conditional on the revision
+    read (a concurrent reconciler or operator wins; this write then matches nothing)."""
+    values: dict[str, Any] = {
+        "status": status.value,
+        "status_reason": reason,
+        "state_revision": ops.c.state_revision + 1,
+        "updated_at": db_now(),
+        "next_attempt_at": None if delay_seconds is None else db_now(delay_seconds),
+    }
+    if receipt is not None:
+        values["receipt"] = receipt
+    if last_outcome is not None:
+        values["last_outcome"] = last_outcome
+    result = conn.execute(
+        sa.update(ops)
+        .where(
+            ops.c.id == row.id,
+            ops.c.state_revision == row.state_revision,
+            ops.c.status == S.UNKNOWN.value,
+        )
+        .values(**values)
+    )
+    return bool(result.rowcount)
+
+
+def unknown_look_again(conn: Connection, *, row: OperationRecord, delay_seconds: float) -> None:
+    """Keep a row ``unknown`` and schedule its next look-up (not a transition)."""
+    conn.execute(
+        sa.update(ops)
+        .where(
+            ops.c.id == row.id,
+            ops.c.state_revision == row.state_revision,
+            ops.c.status == S.UNKNOWN.value,
+        )
+        .values(next_attempt_at=db_now(delay_seconds))
+    )
+
+
+def not_found_counts_after(row: OperationRecord, in_flight: float, settle: float) -> datetime:
+    """When a not-found look-up becomes evidence of "not applied" for this row."""
+    start = row.last_attempt_started_at or row.first_dispatched_at or row.updated_at
+    return start + timedelta(seconds=in_flight + settle)

@@ -1,0 +1,75 @@
+"""Admission: is a stored row fit to be dispatched at all?
+
+Rows written with plain SQL bypass the Python API's checks; restored rows are untrusted
+data. The dispatcher calls :func:`admit` on every claimed row before anything else. A row
+that fails is parked as ``blocked`` with the reason below; it never crashes or stalls the
+daemon. Reasons are stable strings (they label the ``outbox_blocked_operations`` metric).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from outbox.digest import canonical_json, payload_digest
+from outbox.errors import SecretInPayload
+from outbox.records import OperationRecord
+from outbox.secrets import find_secrets
+
+UNKNOWN_PROVIDER = "unknown_provider"
+PAYLOAD_NOT_OBJECT = "payload_not_object"
+PAYLOAD_TOO_LARGE = "payload_too_large"
+PAYLOAD_INVALID = "payload_invalid"
+CREDENTIAL_IN_PAYLOAD = "credential_in_payload"
+DIGEST_MISMATCH = "digest_mismatch"
+ARTIFACT_MISSING = "artifact_missing"
+INCOMPATIBLE_PAYLOAD_SCHEMA = "incompatible_payload_schema"
+
+
+@dataclass(frozen=True)
+class Admission:
+    ok: bool
+    reason: str | None = None
+    detail: str | None = None
+    digest: str | None = None
+    """The canonical digest (computed if the row had none)."""
+    payload: Mapping[str, Any] | None = None
+
+
+def admit(
+    op: OperationRecord,
+    *,
+    known_providers: Collection[str],
+    max_payload_bytes: int,
+    supported_schemas: Collection[int] | None = None,
+) -> Admission:
+    """Check one row. Never raises for bad data: returns the reason instead."""
+    if op.provider not in known_providers:
+        return Admission(False, UNKNOWN_PROVIDER, f"provider {op.provider!r} is not configured")
+    payload = op.payload
+    if payload is None:
+        return Admission(False, ARTIFACT_MISSING, "payload_ref is not resolvable here")
+    if not isinstance(payload, dict):
+        return Admission(False, PAYLOAD_NOT_OBJECT, f"payload is a {type(payload).__name__}")
+    try:
+        size = len(canonical_json(payload))
+    except Exception as exc:  # non-finite numbers, odd values from a foreign writer
+        return Admission(False, PAYLOAD_INVALID, type(exc).__name__)
+    if size > max_payload_bytes:
+        return Admission(False, PAYLOAD_TOO_LARGE, f"{size} > {max_payload_bytes} bytes")
+    try:
+        findings = find_secrets(payload)
+    except SecretInPayload as exc:  # pragma: no cover - find_secrets returns, not raises
+        return Admission(False, CREDENTIAL_IN_PAYLOAD, str(exc))
+    if findings:
+        f = findings[0]
+        return Admission(False, CREDENTIAL_IN_PAYLOAD, f"{f.path} ({f.detector})")
+    digest = payload_digest(payload)
+    if op.payload_digest is not None and op.payload_digest != digest:
+        return Admission(False, DIGEST_MISMATCH, "stored digest differs from the payload's")
+    schema = op.payload_schema if op.payload_schema is not None else 1
+    if supported_schemas is not None and schema not in supported_schemas:
+        return Admission(False, INCOMPATIBLE_PAYLOAD_SCHEMA,
+                         f"payload_schema {schema} not in {sorted(supported_schemas)}")
+    return Admission(True, digest=digest, payload=payload)

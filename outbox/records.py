@@ -1,0 +1,82 @@
+"""Typed, read-only views of rows, as the API and the dispatcher hand them around."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from datetime import datetime
+from typing import Any, Self
+
+from outbox.states import OperationStatus
+
+
+def _from_mapping(cls: type[Any], row: Mapping[Any, Any]) -> dict[str, Any]:
+    names = {f.name for f in fields(cls)}
+    return {k: v for k, v in row.items() if k in names}
+
+
+@dataclass(frozen=True)
+class OperationRecord:
+    id: int
+    tenant_id: str
+    task_id: str
+    operation_id: str
+    provider: str
+    payload: Any
+    payload_ref: str | None
+    payload_digest: str | None
+    idempotency_key: str | None
+    requires_approval: bool
+    deadline_at: datetime | None
+    ordering_key: str | None
+    max_attempts: int | None
+    max_elapsed_seconds: float | None
+    workflow_version: str | None
+    payload_schema: int | None
+    traceparent: str | None
+    status: OperationStatus
+    fencing_token: int | None
+    lease_owner: str | None
+    lease_expires_at: datetime | None
+    attempts: int
+    first_dispatched_at: datetime | None
+    last_attempt_started_at: datetime | None
+    last_outcome: str | None
+    next_attempt_at: datetime | None
+    receipt: Any
+    status_reason: str | None
+    state_revision: int
+    created_at: datetime
+    updated_at: datetime
+
+    @classmethod
+    def from_row(cls, row: Mapping[Any, Any]) -> Self:
+        data = _from_mapping(cls, row)
+        data["status"] = OperationStatus(data["status"])
+        data["requires_approval"] = bool(data["requires_approval"])
+        return cls(**data)
+
+
+@dataclass(frozen=True)
+class TaskRecord:
+    id: int
+    tenant_id: str
+    task_id: str
+    workflow_version: str | None
+    state_revision: int
+    phase: str | None
+    state: Any
+    cancelled_at: datetime | None
+    cancel_reason: str | None
+    deadline_at: datetime | None
+    max_attempts: int | None
+    max_elapsed_seconds: float | None
+    legal_hold_owner: str | None
+    legal_hold_review_at: datetime | None
+    created_at: datetime
+    updated_at: datetime
+    operations: tuple[OperationRecord, ...] = field(default=())
+
+    @classmethod
+    def from_row(cls, row: Mapping[Any, Any], operations: tuple[OperationRecord, ...] = ()) -> Self:
+        return cls(**_from_mapping(cls, row), operations=operations)

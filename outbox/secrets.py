@@ -1,0 +1,350 @@
+"""Refuse payloads that carry credentials: credentials never enter a record.
+
+`find_secrets` walks a JSON-like payload (dicts, lists, tuples, scalars) and reports
+every place that looks like a credential, by JSON path and detector name, never by value.
+
+Two kinds of check:
+
+* Key names. A key is a credential key when, after splitting it into words (camelCase,
+  ``-``, ``_``, spaces, digits) and dropping trailing neutral words (``value``, ``raw``,
+  ``b64``, ``confirm``, ...), it *ends* with a credential noun: ``password``, ``passwd``,
+  ``passphrase``, ``secret``, ``credential(s)``, ``token`` (except page/cursor/
+  idempotency/tokenizer tokens), ``<api|access|private|secret|client|...>key``,
+  ``authorization`` or ``cookie``. So ``apiKey``, ``X-API-KEY``, ``x_api_key``,
+  ``client_secret`` and ``new_password`` are credential keys, but ``token_count``,
+  ``max_tokens``, ``secret_santa_group``, ``password_reset_required``, ``private_key_id``,
+  ``idempotency_key`` and ``next_page_token`` are not: a trailing qualifier makes the key
+  *about* the credential, not the credential itself. A credential key is refused only if
+  its value could carry one: a non-empty string that is not a mask (``"********"``,
+  ``"[REDACTED]"``), a number, or a container holding such a string. ``true``/``false``,
+  ``null`` and empty values are accepted. ``authorization``/``cookie`` (HTTP header
+  names, also payment "authorizations") are refused only with a string value.
+* String values (and long keys). detect-secrets' regex plugins run first; our own patterns
+  cover what detect-secrets 1.5 has no detector for; then a high-entropy check that skips
+  hex digests, UUIDs and human-made identifiers (see `_high_entropy`).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from detect_secrets.plugins.aws import AWSKeyDetector
+from detect_secrets.plugins.azure_storage_key import AzureStorageKeyDetector
+from detect_secrets.plugins.basic_auth import BasicAuthDetector
+from detect_secrets.plugins.cloudant import CloudantDetector
+from detect_secrets.plugins.discord import DiscordBotTokenDetector
+from detect_secrets.plugins.github_token import GitHubTokenDetector
+from detect_secrets.plugins.gitlab_token import GitLabTokenDetector
+from detect_secrets.plugins.high_entropy_strings import Base64HighEntropyString
+from detect_secrets.plugins.ibm_cloud_iam import IbmCloudIamDetector
+from detect_secrets.plugins.ibm_cos_hmac import IbmCosHmacDetector
+from detect_secrets.plugins.jwt import JwtTokenDetector
+from detect_secrets.plugins.mailchimp import MailchimpDetector
+from detect_secrets.plugins.npm import NpmDetector
+from detect_secrets.plugins.openai import OpenAIDetector
+from detect_secrets.plugins.private_key import PrivateKeyDetector
+from detect_secrets.plugins.pypi_token import PypiTokenDetector
+from detect_secrets.plugins.sendgrid import SendGridDetector
+from detect_secrets.plugins.slack import SlackDetector
+from detect_secrets.plugins.softlayer import SoftlayerDetector
+from detect_secrets.plugins.square_oauth import SquareOAuthDetector
+from detect_secrets.plugins.stripe import StripeDetector
+from detect_secrets.plugins.telegram_token import TelegramBotTokenDetector
+from detect_secrets.plugins.twilio import TwilioKeyDetector
+
+from outbox.errors import SecretInPayload
+
+__all__ = ["SecretFinding", "check_no_secrets", "find_secrets"]
+
+
+@dataclass(frozen=True)
+class SecretFinding:
+    """Where a credential-like item sits (a JSON path) and which detector saw it."""
+
+    path: str  # e.g. "$.customer.api_key" or "$.items[2].note"
+    detector: str  # e.g. "key_name", "aws_access_key", "jwt", "high_entropy"
+
+
+# --------------------------------------------------------------------------- key names
+
+_CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])|(?<=[A-Za-z])(?=[0-9])")
+_WORD_SPLIT = re.compile(r"[^a-z0-9]+")
+_NEUTRAL_SUFFIXES = frozenset(
+    "value val plain plaintext raw str string text b64 base64 hex enc encrypted hash hashed "
+    "digest bytes data header confirm confirmation again repeat old new current".split()
+)
+_SENSITIVE_TAIL = re.compile(
+    r"(?:password|passwords|passwd|passphrase|secret|secrets|credentials?|authorization"
+    r"|cookies?|token|(?:access|refresh|auth|api|bearer|id|session)tokens"
+    r"|(?:api|access|private|secret|signing|encryption|client|auth|master|account|service"
+    r"|ssh|session|subscription|app|hmac|shared|storage|license|licence)keys?)$"
+)
+# Tokens that are not credentials: pagination/idempotency cursors and tokenizer tokens.
+_BENIGN_TOKEN = re.compile(
+    r"(?:page|next|prev|previous|pagination|continuation|cursor|sync|idempotency|client"
+    r"|cancellation|cancel|resume|delta|change|eos|bos|pad|unk|stop|sep|cls|mask|special)token$"
+)
+_HEADER_ONLY = ("authorization", "cookie", "cookies")
+_MASKED = re.compile(r"[\s*•xX#.\-]*|[\[<(]?(?:redacted|hidden|removed|none|null|n/?a)[\]>)]?", re.I)
+
+
+def _key_kind(key: str) -> str | None:
+    """Return "any" or "str" (which values are refused) for a credential key, else None."""
+    words = [w for w in _WORD_SPLIT.split(_CAMEL.sub("_", key).lower()) if w]
+    while len(words) > 1 and (words[-1] in _NEUTRAL_SUFFIXES or words[-1].isdigit()):
+        words.pop()
+    joined = "".join(words)
+    if not _SENSITIVE_TAIL.search(joined) or _BENIGN_TOKEN.search(joined):
+        return None
+    return "str" if joined.endswith(_HEADER_ONLY) else "any"
+
+
+def _carries(value: object, strings_only: bool) -> bool:
+    """Could `value` hold a credential? (not bool/None/empty/masked)"""
+    if isinstance(value, str):
+        return not _MASKED.fullmatch(value.strip())
+    if strings_only or isinstance(value, bool) or value is None:
+        return False
+    if isinstance(value, int | float):
+        return True
+    if isinstance(value, dict):
+        return any(_carries(v, True) for v in value.values())
+    if isinstance(value, list | tuple):
+        return any(_carries(v, True) for v in value)
+    return False
+
+
+# ------------------------------------------------------------------------ value checks
+
+_Check = Callable[[str], str | None]  # returns a detector name or None
+
+
+def _plugin(plugin: object, name: str) -> _Check:
+    # RegexBasedDetector.analyze_string only runs its regexes: it reads no global settings
+    # and makes no network calls (analyze_line would consult detect-secrets' settings).
+    analyze: Callable[[str], Iterator[str]] = plugin.analyze_string  # type: ignore[attr-defined]
+
+    def check(text: str) -> str | None:
+        for match in analyze(text):
+            if name == "slack_token" and match.lower().startswith("https://"):
+                return "slack_webhook"
+            return name
+        return None
+
+    return check
+
+
+# Instantiated once at import; analysis is stateless.
+_PLUGINS: list[_Check] = [
+    _plugin(PrivateKeyDetector(), "private_key"),
+    _plugin(JwtTokenDetector(), "jwt"),
+    _plugin(AWSKeyDetector(), "aws_access_key"),
+    _plugin(AzureStorageKeyDetector(), "azure_storage_key"),
+    _plugin(GitHubTokenDetector(), "github_token"),
+    _plugin(GitLabTokenDetector(), "gitlab_token"),
+    _plugin(SlackDetector(), "slack_token"),
+    _plugin(StripeDetector(), "stripe_key"),
+    _plugin(SendGridDetector(), "sendgrid_key"),
+    _plugin(TwilioKeyDetector(), "twilio_key"),
+    _plugin(NpmDetector(), "npm_token"),
+    _plugin(OpenAIDetector(), "openai_key"),
+    _plugin(PypiTokenDetector(), "pypi_token"),
+    _plugin(DiscordBotTokenDetector(), "discord_token"),
+    _plugin(MailchimpDetector(), "mailchimp_key"),
+    _plugin(SquareOAuthDetector(), "square_oauth"),
+    _plugin(TelegramBotTokenDetector(), "telegram_token"),
+    _plugin(IbmCloudIamDetector(), "ibm_cloud_iam"),
+    _plugin(IbmCosHmacDetector(), "ibm_cos_hmac"),
+    _plugin(CloudantDetector(), "cloudant"),
+    _plugin(SoftlayerDetector(), "softlayer"),
+    _plugin(BasicAuthDetector(), "basic_auth_url"),
+    # Not used: ArtifactoryDetector (its "AP[0-9A-F]..." password pattern matches order
+    # and product codes like "APB4471902233"; real Artifactory tokens are long and random,
+    # so the entropy check catches them), KeywordDetector (code-oriented: "password: can
+    # you reset it" in ticket prose would match), IPPublicDetector (not a credential),
+    # HexHighEntropyString (flags every sha1/sha256 digest).
+]
+
+# Our own patterns, only for what detect-secrets 1.5 has no detector for.
+_OWN = re.compile(
+    "|".join(
+        f"(?P<{name}>{pattern})"
+        for name, pattern in (
+            # PEM variants missing from PrivateKeyDetector's list ("ENCRYPTED PRIVATE KEY").
+            ("private_key", r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----"),
+            ("github_token", r"\bgithub_pat_[0-9A-Za-z_]{60,}"),  # fine-grained PATs
+            ("npm_token", r"\bnpm_[A-Za-z0-9]{36}\b"),  # detect-secrets: .npmrc lines only
+            ("stripe_key", r"\b(?:[sr]k_test_[0-9A-Za-z]{24,}|whsec_[A-Za-z0-9+/=]{24,})"),
+            ("anthropic_key", r"\bsk-ant-[a-z]+\d*-[A-Za-z0-9_\-]{32,}"),
+            ("openai_key", r"\bsk-(?:proj-|svcacct-|admin-)?[A-Za-z0-9_\-]{32,}"),
+            ("slack_token", r"\bxapp-\d-[A-Z0-9]+-\d+-[a-z0-9]{16,}"),  # app-level tokens
+            ("discord_webhook", r"discord(?:app)?\.com/api/webhooks/\d+/[A-Za-z0-9_\-]{20,}"),
+            ("gcp_api_key", r"\bAIza[0-9A-Za-z_\-]{35}"),
+            ("gcp_oauth", r"\b(?:GOCSPX-[0-9A-Za-z_\-]{20,}|ya29\.[0-9A-Za-z_\-]{20,})"),
+            ("azure_sas", r"[?&]sig=[A-Za-z0-9%+/=]{20,}"),
+            ("huggingface_token", r"\bhf_[A-Za-z]{34}\b"),
+            ("bearer_token", r"(?i:\bbearer)\s+[A-Za-z0-9\-._~+/]{16,}=*"),
+            # Validated in _own(): the base64 must decode to printable "user:password".
+            ("basic_auth_header", r"(?i:\bbasic)\s+[A-Za-z0-9+/]{6,}={0,2}(?![A-Za-z0-9+/=])"),
+            # "password=..." / "api_key: ..." inside text (connection strings, query strings,
+            # tickets). Validated in _own(): placeholders and plain words are not secrets.
+            (
+                "inline_credential",
+                r"(?i:(?<![A-Za-z0-9])(?:password|passwd|pwd|secret|api[_-]?key"
+                r"|client[_-]?secret|(?:access|refresh|auth|session)[_-]?token"
+                r"|(?<![A-Za-z0-9_])token))"
+                r"\s*[:=]\s*[\"']?(?P<inline_value>[^\s\"';,&<>]{6,})",
+            ),
+        )
+    )
+)
+_PLACEHOLDER = re.compile(r"[A-Z_]+|[a-z_]+|[*x•.]+|<[^>]*>|\{+[^}]*\}+|\$\{?\w+\}?|%\w+%?")
+
+
+def _own(text: str) -> str | None:
+    for m in _OWN.finditer(text):
+        name = m.lastgroup if m.lastgroup != "inline_value" else "inline_credential"
+        if name == "basic_auth_header":
+            encoded = m.group(0).split()[-1]
+            try:
+                decoded = base64.b64decode(encoded + "=" * (-len(encoded) % 4), validate=True)
+                plain = decoded.decode("ascii")
+            except (binascii.Error, UnicodeDecodeError):
+                continue
+            if ":" not in plain or not plain.isprintable():
+                continue
+        elif name == "inline_credential":
+            value = m.group("inline_value")
+            if _PLACEHOLDER.fullmatch(value) or not re.search(r"[0-9\W_]", value):
+                continue
+        return name
+    return None
+
+
+_ENTROPY = Base64HighEntropyString()
+_CANDIDATE = re.compile(r"[A-Za-z0-9+/=_\-]{32,}")
+_HEXISH = re.compile(r"[0-9a-fA-F\-]+")
+_SEPARATORS = re.compile(r"[/_\-+]")
+_ENTROPY_LIMIT = 4.0  # bits/char; random 32-char base62 strings score >= 4.05
+_MIN_SEGMENT = 16
+
+
+def _high_entropy(text: str) -> str | None:
+    """Long random-looking base64/base62 tokens.
+
+    A candidate is a run of >= 32 base64/base64url characters that is not only hex and
+    dashes (sha1/sha256 digests, git SHAs, UUIDs), mixes upper case, lower case and
+    digits, has a separator-free stretch of >= 16 characters (human-made identifiers like
+    "Q3_2024_Revenue_Report_FINAL_v2" are short words joined by "_"/"-"/"/"), and whose
+    Shannon entropy (detect-secrets' calculation) exceeds 4.0 bits per character.
+    Runs inside URL paths are skipped (document ids like Google Drive's live there;
+    credential-bearing URLs are caught by the specific detectors above).
+    """
+    for m in _CANDIDATE.finditer(text):
+        run = m.group(0).strip("=")
+        if len(run) < 32 or _HEXISH.fullmatch(run):
+            continue
+        if not (any(c.isupper() for c in run) and any(c.islower() for c in run)):
+            continue
+        if not any(c.isdigit() for c in run):
+            continue
+        if max(len(s) for s in _SEPARATORS.split(run)) < _MIN_SEGMENT:
+            continue
+        if _in_url_path(text, m.start()):
+            continue
+        if _ENTROPY.calculate_shannon_entropy(run) > _ENTROPY_LIMIT:
+            return "high_entropy"
+    return None
+
+
+def _in_url_path(text: str, pos: int) -> bool:
+    """Is `pos` inside the host/path part (not the query) of an http(s) URL?"""
+    head = text[:pos]
+    scheme = max(head.rfind("http://"), head.rfind("https://"))
+    if scheme < 0:
+        return False
+    between = head[scheme:]
+    return not any(c.isspace() or c in "?#\"'<>" for c in between)
+
+
+_VALUE_CHECKS: list[_Check] = [*_PLUGINS, _own, _high_entropy]
+_MIN_LEN = 7  # the shortest pattern above ("://u:p@") needs 7 characters
+
+
+# -------------------------------------------------------------------------------- walk
+
+_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _child(path: str, key: str) -> str:
+    return f"{path}.{key}" if _IDENT.fullmatch(key) else f"{path}[{_quote(key)}]"
+
+
+def _quote(key: str) -> str:
+    return '"' + key.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def find_secrets(payload: object) -> list[SecretFinding]:
+    """Every credential-like item in `payload`, in document order; one finding per path."""
+    findings: list[tuple[int, SecretFinding]] = []
+    strings: list[tuple[int, str, str]] = []  # (order, path, text)
+    stack: list[tuple[str, object]] = [("$", payload)]
+    order = 0
+    while stack:
+        path, node = stack.pop()
+        order += 1
+        if isinstance(node, str):
+            if len(node) >= _MIN_LEN:
+                strings.append((order, path, node))
+        elif isinstance(node, dict):
+            children: list[tuple[str, object]] = []
+            for index, (key, value) in enumerate(node.items()):
+                key_text = str(key)
+                child = _child(path, key_text)
+                kind = _key_kind(key_text)
+                if kind is not None and _carries(value, kind == "str"):
+                    findings.append((order, SecretFinding(child, "key_name")))
+                    order += 1
+                    continue
+                if len(key_text) >= 20:  # a credential used as a key: never echo the key
+                    strings.append((order, f"{path}[<key {index}>]", key_text))
+                    order += 1
+                children.append((child, value))
+            stack.extend(reversed(children))
+        elif isinstance(node, list | tuple):
+            stack.extend((f"{path}[{i}]", v) for i, v in reversed(list(enumerate(node))))
+    findings.extend(_scan_strings(strings))
+    findings.sort(key=lambda item: item[0])
+    return [finding for _, finding in findings]
+
+
+def _scan_strings(strings: list[tuple[int, str, str]]) -> Iterator[tuple[int, SecretFinding]]:
+    if not strings:
+        return
+    # Fast path: run every check once over all strings joined by newlines (no pattern
+    # spans a newline); only checks that fire there are re-run string by string.
+    joined = "\n".join(text for _, _, text in strings)
+    active = [check for check in _VALUE_CHECKS if check(joined)]
+    if not active:
+        return
+    for order, path, text in strings:
+        for check in active:
+            detector = check(text)
+            if detector is not None:
+                yield order, SecretFinding(path, detector)
+                break
+
+
+def check_no_secrets(payload: object) -> None:
+    """Raise SecretInPayload(path=..., detector=...) for the first finding, if any.
+
+    The message names the path and the detector only, never the value.
+    """
+    findings = find_secrets(payload)
+    if findings:
+        first = findings[0]
+        raise SecretInPayload(path=first.path, detector=first.detector)
