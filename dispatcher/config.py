@@ -178,8 +178,11 @@ def _convert(value: Any, typ: Any, from_env: bool) -> Any:
             return value
         if from_env and value.strip().lower() in _BOOLS:
             return _BOOLS[value.strip().lower()]
-        raise ValueError("must be a boolean (true/false/1/0/yes/no)" if from_env else
-                         "must be a boolean (true or false)")
+        raise ValueError(
+            "must be a boolean (true/false/1/0/yes/no)"
+            if from_env
+            else "must be a boolean (true or false)"
+        )
     if typ is int:
         if isinstance(value, int) and not isinstance(value, bool):
             return value
@@ -210,11 +213,16 @@ def _check(value: Any, meta: Mapping[str, Any]) -> Any:
                 return choice
         raise ValueError(f"must be one of {', '.join(meta['choices'])}")
     ops: dict[str, Callable[[Any, Any], bool]] = {
-        ">=": lambda v, b: v >= b, ">": lambda v, b: v > b,
-        "<=": lambda v, b: v <= b, "<": lambda v, b: v < b,
+        ">=": lambda v, b: v >= b,
+        ">": lambda v, b: v > b,
+        "<=": lambda v, b: v <= b,
+        "<": lambda v, b: v < b,
     }
-    bounds = [(op, meta[name]) for name, op in
-              (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<")) if name in meta]
+    bounds = [
+        (op, meta[name])
+        for name, op in (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<"))
+        if name in meta
+    ]
     if not all(ops[op](value, bound) for op, bound in bounds):
         raise ValueError("must be " + " and ".join(f"{op} {bound}" for op, bound in bounds))
     check: Callable[[Any], Any] | None = meta.get("check")
@@ -320,7 +328,7 @@ def load_config(
         upper = var.upper()
         if not upper.startswith(ENV_PREFIX):
             continue
-        section, _, rest = upper[len(ENV_PREFIX):].partition("_")
+        section, _, rest = upper[len(ENV_PREFIX) :].partition("_")
         section = section.lower()
         if section in _SECTIONS:
             key = rest.lower()
@@ -328,38 +336,51 @@ def load_config(
                 raise _error(f"{section}.{key}", "unknown key", var)
             values[section][key] = (env[var], var, True)
         elif section == "providers":
-            matches = sorted((n for n, e in env_names.items() if rest.startswith(e + "_")),
-                             key=lambda n: -len(env_names[n]))
+            matches = sorted(
+                (n for n, e in env_names.items() if rest.startswith(e + "_")),
+                key=lambda n: -len(env_names[n]),
+            )
             if not matches or len(rest) <= len(env_names[matches[0]]) + 1:
-                raise _error(f"providers.{rest.lower()}",
-                             f"environment variable {var} names no provider defined in the "
-                             "configuration file", var)
+                raise _error(
+                    f"providers.{rest.lower()}",
+                    f"environment variable {var} names no provider defined in the "
+                    "configuration file",
+                    var,
+                )
             if sum(env_names[n] == env_names[matches[0]] for n in matches) > 1:
                 raise _error(f"providers.{matches[0]}", f"{var} matches several providers", var)
-            name, key = matches[0], rest[len(env_names[matches[0]]) + 1:].lower()
+            name, key = matches[0], rest[len(env_names[matches[0]]) + 1 :].lower()
             current = providers[name].get(key)
             if key == "headers" or isinstance(current, dict):
-                raise _error(f"providers.{name}.{key}",
-                             "is a table and cannot be set from the environment", var)
+                raise _error(
+                    f"providers.{name}.{key}",
+                    "is a table and cannot be set from the environment",
+                    var,
+                )
             providers[name][key] = _env_provider_value(env[var], current)
             origin[(name, key)] = var
 
     for name, table in providers.items():
         kind = table.get("kind")
         if not isinstance(kind, str) or not kind.strip():
-            raise _error(f"providers.{name}.kind", "is required and must be a non-empty string",
-                         origin.get((name, "kind"), source))
+            raise _error(
+                f"providers.{name}.kind",
+                "is required and must be a non-empty string",
+                origin.get((name, "kind"), source),
+            )
         headers = table.get("headers", {})
-        if not isinstance(headers, dict) or not all(
-            isinstance(v, str) for v in headers.values()
-        ):
-            raise _error(f"providers.{name}.headers",
-                         "invalid value (a table of strings is required)", source)
+        if not isinstance(headers, dict) or not all(isinstance(v, str) for v in headers.values()):
+            raise _error(
+                f"providers.{name}.headers",
+                "invalid value (a table of strings is required)",
+                source,
+            )
 
     sections = {name: _build(name, values[name]) for name in _SECTIONS}
     if sections["database"].schema is not None and sections["database"].url.startswith("sqlite"):
-        raise _error("database.schema", "is only supported with PostgreSQL",
-                     values["database"]["schema"][1])
+        raise _error(
+            "database.schema", "is only supported with PostgreSQL", values["database"]["schema"][1]
+        )
     return Config(**sections, providers=_freeze(providers), source=source)
 
 

@@ -136,8 +136,8 @@ def operation_mark_dispatching(
 ) -> list[Dispatching]:
     """``claimed -> dispatching`` ("dispatch may have occurred"), committed before any
     request leaves. Counts the attempt, sets ``first_dispatched_at`` once, renews the lease,
-    and refuses rows whose own or task deadline has passed on the database clock (they are
-    returned absent; the caller blocks them)."""
+    and refuses rows whose own or task deadline has passed on the database clock, or whose
+    task was cancelled meanwhile (they are returned absent: see :func:`refusal_reasons`)."""
     if not pairs:
         return []
     task_deadline_passed = sa.exists().where(
@@ -146,12 +146,18 @@ def operation_mark_dispatching(
         tasks.c.deadline_at.isnot(None),
         tasks.c.deadline_at <= db_now(),
     )
+    task_cancelled = sa.exists().where(
+        tasks.c.tenant_id == ops.c.tenant_id,
+        tasks.c.task_id == ops.c.task_id,
+        tasks.c.cancelled_at.isnot(None),
+    )
     rows = conn.execute(
         sa.update(ops)
         .where(
             _fenced(token, pairs, S.CLAIMED),
             sa.or_(ops.c.deadline_at.is_(None), ops.c.deadline_at > db_now()),
             ~task_deadline_passed,
+            ~task_cancelled,
         )
         .values(
             status=S.DISPATCHING.value,
@@ -397,3 +403,29 @@ def not_found_counts_after(row: OperationRecord, in_flight: float, settle: float
     """When a not-found look-up becomes evidence of "not applied" for this row."""
     start = row.last_attempt_started_at or row.first_dispatched_at or row.updated_at
     return start + timedelta(seconds=in_flight + settle)
+
+
+def refusal_reasons(conn: Connection, ids: Sequence[int]) -> dict[int, tuple[OperationStatus, str]]:
+    """Why claimed rows were not moved to ``dispatching``: task cancelled, or a deadline
+    passed on the database clock. Rows absent from the result lost their lease."""
+    if not ids:
+        return {}
+    rows = conn.execute(
+        sa.select(ops.c.id, tasks.c.cancelled_at, ops.c.deadline_at, tasks.c.deadline_at, db_now())
+        .select_from(
+            ops.outerjoin(
+                tasks,
+                sa.and_(tasks.c.tenant_id == ops.c.tenant_id, tasks.c.task_id == ops.c.task_id),
+            )
+        )
+        .where(ops.c.id.in_(list(ids)), ops.c.status == S.CLAIMED.value)
+    ).all()
+    reasons: dict[int, tuple[OperationStatus, str]] = {}
+    for op_id, cancelled_at, op_deadline, task_deadline, now in rows:
+        if cancelled_at is not None:
+            reasons[op_id] = (S.CANCELLED, "task_cancelled")
+        elif (op_deadline is not None and op_deadline <= now) or (
+            task_deadline is not None and task_deadline <= now
+        ):
+            reasons[op_id] = (S.BLOCKED, "deadline_passed")
+    return reasons

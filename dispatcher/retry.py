@@ -72,8 +72,9 @@ class RetryPolicy:
             return RetryDecision(False, exhausted="elapsed")
         return RetryDecision(True, delay_seconds=delay)
 
-    def budget_left(self, *, attempts: int, first_dispatched_at: datetime | None,
-                    now: datetime) -> str | None:
+    def budget_left(
+        self, *, attempts: int, first_dispatched_at: datetime | None, now: datetime
+    ) -> str | None:
         """None if another attempt is allowed now, else which budget is spent."""
         elapsed = (now - first_dispatched_at).total_seconds() if first_dispatched_at else 0.0
         state = self._state(attempts, elapsed)

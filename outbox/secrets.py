@@ -29,8 +29,11 @@ from __future__ import annotations
 import base64
 import binascii
 import re
+from bisect import bisect_right
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import lru_cache
+from itertools import accumulate
 
 from detect_secrets.plugins.aws import AWSKeyDetector
 from detect_secrets.plugins.azure_storage_key import AzureStorageKeyDetector
@@ -92,6 +95,7 @@ _HEADER_ONLY = ("authorization", "cookie", "cookies")
 _MASKED = re.compile(r"[\s*•xX#.\-]*|[\[<(]?(?:redacted|hidden|removed|none|null|n/?a)[\]>)]?", re.I)
 
 
+@lru_cache(maxsize=4096)  # payloads of one kind share their keys
 def _key_kind(key: str) -> str | None:
     """Return "any" or "str" (which values are refused) for a credential key, else None."""
     words = [w for w in _WORD_SPLIT.split(_CAMEL.sub("_", key).lower()) if w]
@@ -120,48 +124,63 @@ def _carries(value: object, strings_only: bool) -> bool:
 
 # ------------------------------------------------------------------------ value checks
 
-_Check = Callable[[str], str | None]  # returns a detector name or None
+_Run = Callable[[str], str | None]  # returns a detector name or None
 
 
-def _plugin(plugin: object, name: str) -> _Check:
+@dataclass(frozen=True)
+class _Check:
+    run: _Run
+    # Cheap gate: the check can only fire if one of these (lower-case) substrings occurs in
+    # the lower-cased text. Each is a necessary condition of the check's patterns, so the
+    # gate never changes a result; it only skips regex scans (this runs on every enqueue).
+    needles: tuple[str, ...] = ()
+    gate: re.Pattern[str] | None = None  # alternatively, a fast regex that must match
+
+
+def _plugin(plugin: object, name: str, *needles: str) -> _Check:
     # RegexBasedDetector.analyze_string only runs its regexes: it reads no global settings
     # and makes no network calls (analyze_line would consult detect-secrets' settings).
     analyze: Callable[[str], Iterator[str]] = plugin.analyze_string  # type: ignore[attr-defined]
 
-    def check(text: str) -> str | None:
+    def run(text: str) -> str | None:
         for match in analyze(text):
             if name == "slack_token" and match.lower().startswith("https://"):
                 return "slack_webhook"
             return name
         return None
 
-    return check
+    return _Check(run, needles)
 
 
 # Instantiated once at import; analysis is stateless.
 _PLUGINS: list[_Check] = [
-    _plugin(PrivateKeyDetector(), "private_key"),
-    _plugin(JwtTokenDetector(), "jwt"),
-    _plugin(AWSKeyDetector(), "aws_access_key"),
-    _plugin(AzureStorageKeyDetector(), "azure_storage_key"),
-    _plugin(GitHubTokenDetector(), "github_token"),
-    _plugin(GitLabTokenDetector(), "gitlab_token"),
-    _plugin(SlackDetector(), "slack_token"),
-    _plugin(StripeDetector(), "stripe_key"),
-    _plugin(SendGridDetector(), "sendgrid_key"),
-    _plugin(TwilioKeyDetector(), "twilio_key"),
-    _plugin(NpmDetector(), "npm_token"),
-    _plugin(OpenAIDetector(), "openai_key"),
-    _plugin(PypiTokenDetector(), "pypi_token"),
-    _plugin(DiscordBotTokenDetector(), "discord_token"),
-    _plugin(MailchimpDetector(), "mailchimp_key"),
-    _plugin(SquareOAuthDetector(), "square_oauth"),
-    _plugin(TelegramBotTokenDetector(), "telegram_token"),
-    _plugin(IbmCloudIamDetector(), "ibm_cloud_iam"),
-    _plugin(IbmCosHmacDetector(), "ibm_cos_hmac"),
-    _plugin(CloudantDetector(), "cloudant"),
-    _plugin(SoftlayerDetector(), "softlayer"),
-    _plugin(BasicAuthDetector(), "basic_auth_url"),
+    # Gate: a ":" followed by the 35-character secret (literal-prefixed, so fast).
+    _Check(_plugin(TelegramBotTokenDetector(), "telegram_token").run,
+           gate=re.compile(r":[0-9A-Za-z_\-]{35}")),
+    _plugin(PrivateKeyDetector(), "private_key", "private key", "putty-user-key"),
+    _plugin(JwtTokenDetector(), "jwt", "eyj"),
+    _plugin(AWSKeyDetector(), "aws_access_key", "a3t", "abia", "acca", "akia", "asia", "aws"),
+    _plugin(AzureStorageKeyDetector(), "azure_storage_key", "accountkey="),
+    _plugin(GitHubTokenDetector(), "github_token", "ghp_", "gho_", "ghu_", "ghs_", "ghr_"),
+    _plugin(GitLabTokenDetector(), "gitlab_token", "gl", "gr1348941"),
+    _plugin(SlackDetector(), "slack_token", "xox", "hooks.slack.com"),
+    _plugin(StripeDetector(), "stripe_key", "k_live_"),
+    _plugin(SendGridDetector(), "sendgrid_key", "sg."),
+    _plugin(TwilioKeyDetector(), "twilio_key", "ac", "sk"),
+    _plugin(NpmDetector(), "npm_token", "_authtoken="),
+    _plugin(OpenAIDetector(), "openai_key", "t3blbkfj"),
+    _plugin(PypiTokenDetector(), "pypi_token", "pypi-age"),
+    _plugin(DiscordBotTokenDetector(), "discord_token", "."),
+    _plugin(MailchimpDetector(), "mailchimp_key", "-us"),
+    _plugin(SquareOAuthDetector(), "square_oauth", "sq0csp-"),
+    # These four match "<keyword> = <value>" assignments; we run them only when the
+    # vendor is named (their keyword prefix is optional, and their regexes are the slowest;
+    # a vendor-less "api_key=..." is covered by inline_credential below).
+    _plugin(IbmCloudIamDetector(), "ibm_cloud_iam", "ibm"),
+    _plugin(IbmCosHmacDetector(), "ibm_cos_hmac", "ibm", "cos"),
+    _plugin(CloudantDetector(), "cloudant", "cloudant"),
+    _plugin(SoftlayerDetector(), "softlayer", "softlayer", "sl_", "sl-"),
+    _plugin(BasicAuthDetector(), "basic_auth_url", "://"),
     # Not used: ArtifactoryDetector (its "AP[0-9A-F]..." password pattern matches order
     # and product codes like "APB4471902233"; real Artifactory tokens are long and random,
     # so the entropy check catches them), KeywordDetector (code-oriented: "password: can
@@ -169,60 +188,73 @@ _PLUGINS: list[_Check] = [
     # HexHighEntropyString (flags every sha1/sha256 digest).
 ]
 
+
+def _regex(name: str, pattern: str, *needles: str) -> _Check:
+    compiled = re.compile(pattern)
+    return _Check(lambda text: name if compiled.search(text) else None, needles)
+
+
 # Our own patterns, only for what detect-secrets 1.5 has no detector for.
-_OWN = re.compile(
-    "|".join(
-        f"(?P<{name}>{pattern})"
-        for name, pattern in (
-            # PEM variants missing from PrivateKeyDetector's list ("ENCRYPTED PRIVATE KEY").
-            ("private_key", r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----"),
-            ("github_token", r"\bgithub_pat_[0-9A-Za-z_]{60,}"),  # fine-grained PATs
-            ("npm_token", r"\bnpm_[A-Za-z0-9]{36}\b"),  # detect-secrets: .npmrc lines only
-            ("stripe_key", r"\b(?:[sr]k_test_[0-9A-Za-z]{24,}|whsec_[A-Za-z0-9+/=]{24,})"),
-            ("anthropic_key", r"\bsk-ant-[a-z]+\d*-[A-Za-z0-9_\-]{32,}"),
-            ("openai_key", r"\bsk-(?:proj-|svcacct-|admin-)?[A-Za-z0-9_\-]{32,}"),
-            ("slack_token", r"\bxapp-\d-[A-Z0-9]+-\d+-[a-z0-9]{16,}"),  # app-level tokens
-            ("discord_webhook", r"discord(?:app)?\.com/api/webhooks/\d+/[A-Za-z0-9_\-]{20,}"),
-            ("gcp_api_key", r"\bAIza[0-9A-Za-z_\-]{35}"),
-            ("gcp_oauth", r"\b(?:GOCSPX-[0-9A-Za-z_\-]{20,}|ya29\.[0-9A-Za-z_\-]{20,})"),
-            ("azure_sas", r"[?&]sig=[A-Za-z0-9%+/=]{20,}"),
-            ("huggingface_token", r"\bhf_[A-Za-z]{34}\b"),
-            ("bearer_token", r"(?i:\bbearer)\s+[A-Za-z0-9\-._~+/]{16,}=*"),
-            # Validated in _own(): the base64 must decode to printable "user:password".
-            ("basic_auth_header", r"(?i:\bbasic)\s+[A-Za-z0-9+/]{6,}={0,2}(?![A-Za-z0-9+/=])"),
-            # "password=..." / "api_key: ..." inside text (connection strings, query strings,
-            # tickets). Validated in _own(): placeholders and plain words are not secrets.
-            (
-                "inline_credential",
-                r"(?i:(?<![A-Za-z0-9])(?:password|passwd|pwd|secret|api[_-]?key"
-                r"|client[_-]?secret|(?:access|refresh|auth|session)[_-]?token"
-                r"|(?<![A-Za-z0-9_])token))"
-                r"\s*[:=]\s*[\"']?(?P<inline_value>[^\s\"';,&<>]{6,})",
-            ),
-        )
-    )
+_OWN: list[_Check] = [
+    # PEM variants missing from PrivateKeyDetector's list ("ENCRYPTED PRIVATE KEY").
+    _regex("private_key", r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----", "private key"),
+    _regex("github_token", r"\bgithub_pat_[0-9A-Za-z_]{60,}", "github_pat_"),  # fine-grained
+    _regex("npm_token", r"\bnpm_[A-Za-z0-9]{36}\b", "npm_"),  # detect-secrets: .npmrc only
+    _regex("stripe_key", r"\b(?:[sr]k_test_[0-9A-Za-z]{24,}|whsec_[A-Za-z0-9+/=]{24,})",
+           "k_test_", "whsec_"),
+    _regex("anthropic_key", r"\bsk-ant-[a-z]+\d*-[A-Za-z0-9_\-]{32,}", "sk-ant-"),
+    _regex("openai_key", r"\bsk-(?:proj-|svcacct-|admin-)?[A-Za-z0-9_\-]{32,}", "sk-"),
+    _regex("slack_token", r"\bxapp-\d-[A-Z0-9]+-\d+-[a-z0-9]{16,}", "xapp-"),  # app-level
+    _regex("discord_webhook", r"discord(?:app)?\.com/api/webhooks/\d+/[A-Za-z0-9_\-]{20,}",
+           "discord"),
+    _regex("gcp_api_key", r"\bAIza[0-9A-Za-z_\-]{35}", "aiza"),
+    _regex("gcp_oauth", r"\b(?:GOCSPX-[0-9A-Za-z_\-]{20,}|ya29\.[0-9A-Za-z_\-]{20,})",
+           "gocspx-", "ya29."),
+    _regex("azure_sas", r"[?&]sig=[A-Za-z0-9%+/=]{20,}", "sig="),
+    _regex("huggingface_token", r"\bhf_[A-Za-z]{34}\b", "hf_"),
+    _regex("bearer_token", r"(?i)\bbearer\s+[A-Za-z0-9\-._~+/]{16,}=*", "bearer"),
+]
+
+_BASIC = re.compile(r"(?i)\bbasic\s+([A-Za-z0-9+/]{6,}={0,2})(?![A-Za-z0-9+/=])")
+
+
+def _basic_auth_header(text: str) -> str | None:
+    """`Basic <base64>` whose base64 decodes to a printable "user:password"."""
+    for m in _BASIC.finditer(text):
+        encoded = m.group(1)
+        try:
+            plain = base64.b64decode(encoded + "=" * (-len(encoded) % 4), validate=True)
+            decoded = plain.decode("ascii")
+        except (binascii.Error, UnicodeDecodeError):
+            continue
+        if ":" in decoded and decoded.isprintable():
+            return "basic_auth_header"
+    return None
+
+
+# "password=..." / "api_key: ..." inside text: connection strings, query strings, tickets.
+_INLINE = re.compile(
+    r"(?i)(?<![a-z0-9])(?:pass(?:word|wd)|pwd|secret|api[_-]?key|client[_-]?secret"
+    r"|(?:access|refresh|auth|session)[_-]?token|(?<![a-z0-9_])token)"
+    r"\s*[:=]\s*[\"']?([^\s\"';,&<>]{6,})"
 )
 _PLACEHOLDER = re.compile(r"[A-Z_]+|[a-z_]+|[*x•.]+|<[^>]*>|\{+[^}]*\}+|\$\{?\w+\}?|%\w+%?")
+_NOT_A_WORD = re.compile(r"[0-9\W_]")
 
 
-def _own(text: str) -> str | None:
-    for m in _OWN.finditer(text):
-        name = m.lastgroup if m.lastgroup != "inline_value" else "inline_credential"
-        if name == "basic_auth_header":
-            encoded = m.group(0).split()[-1]
-            try:
-                decoded = base64.b64decode(encoded + "=" * (-len(encoded) % 4), validate=True)
-                plain = decoded.decode("ascii")
-            except (binascii.Error, UnicodeDecodeError):
-                continue
-            if ":" not in plain or not plain.isprintable():
-                continue
-        elif name == "inline_credential":
-            value = m.group("inline_value")
-            if _PLACEHOLDER.fullmatch(value) or not re.search(r"[0-9\W_]", value):
-                continue
-        return name
+def _inline_credential(text: str) -> str | None:
+    """The value must not be a placeholder ("YOUR_API_KEY", "<token>") or a plain word."""
+    for m in _INLINE.finditer(text):
+        value = m.group(1)
+        if not _PLACEHOLDER.fullmatch(value) and _NOT_A_WORD.search(value):
+            return "inline_credential"
     return None
+
+
+_OWN += [
+    _Check(_basic_auth_header, ("basic",)),
+    _Check(_inline_credential, ("pass", "pwd", "secret", "api", "token")),
+]
 
 
 _ENTROPY = Base64HighEntropyString()
@@ -231,6 +263,15 @@ _HEXISH = re.compile(r"[0-9a-fA-F\-]+")
 _SEPARATORS = re.compile(r"[/_\-+]")
 _ENTROPY_LIMIT = 4.0  # bits/char; random 32-char base62 strings score >= 4.05
 _MIN_SEGMENT = 16
+# Random base62/64 changes character class (upper/lower/digit/other) at ~60% of positions
+# (< 0.35 for about 1 in 1000 random 32-char strings, rarer when longer); camelCase
+# identifiers like "getUserAccountDetailsForCustomer2024" stay around 0.3.
+_MIN_SWITCHES = 0.35
+
+
+def _class_switches(run: str) -> int:
+    classes = ["u" if c.isupper() else "l" if c.islower() else "d" if c.isdigit() else "o" for c in run]
+    return sum(a != b for a, b in zip(classes, classes[1:], strict=False))
 
 
 def _high_entropy(text: str) -> str | None:
@@ -239,8 +280,8 @@ def _high_entropy(text: str) -> str | None:
     A candidate is a run of >= 32 base64/base64url characters that is not only hex and
     dashes (sha1/sha256 digests, git SHAs, UUIDs), mixes upper case, lower case and
     digits, has a separator-free stretch of >= 16 characters (human-made identifiers like
-    "Q3_2024_Revenue_Report_FINAL_v2" are short words joined by "_"/"-"/"/"), and whose
-    Shannon entropy (detect-secrets' calculation) exceeds 4.0 bits per character.
+    "Q3_2024_Revenue_Report_FINAL_v2" are short words joined by "_"/"-"/"/"), switches
+    character class often (not camelCase words), and whose Shannon entropy (detect-secrets' calculation) exceeds 4.0 bits per character.
     Runs inside URL paths are skipped (document ids like Google Drive's live there;
     credential-bearing URLs are caught by the specific detectors above).
     """
@@ -253,6 +294,8 @@ def _high_entropy(text: str) -> str | None:
         if not any(c.isdigit() for c in run):
             continue
         if max(len(s) for s in _SEPARATORS.split(run)) < _MIN_SEGMENT:
+            continue
+        if _class_switches(run) < _MIN_SWITCHES * (len(run) - 1):
             continue
         if _in_url_path(text, m.start()):
             continue
@@ -271,28 +314,38 @@ def _in_url_path(text: str, pos: int) -> bool:
     return not any(c.isspace() or c in "?#\"'<>" for c in between)
 
 
-_VALUE_CHECKS: list[_Check] = [*_PLUGINS, _own, _high_entropy]
+_VALUE_CHECKS: list[_Check] = [*_PLUGINS, *_OWN, _Check(_high_entropy)]
 _MIN_LEN = 7  # the shortest pattern above ("://u:p@") needs 7 characters
 
 
 # -------------------------------------------------------------------------------- walk
 
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# A path is built lazily as a linked list (parent, segment); only findings are formatted.
+# A segment is a dict key, a list index, or (index,) for a dict key that must not be shown.
+_Path = tuple["_Path", "str | int | tuple[int]"] | None
 
 
-def _child(path: str, key: str) -> str:
-    return f"{path}.{key}" if _IDENT.fullmatch(key) else f"{path}[{_quote(key)}]"
-
-
-def _quote(key: str) -> str:
-    return '"' + key.replace("\\", "\\\\").replace('"', '\\"') + '"'
+def _format(path: _Path) -> str:
+    parts: list[str] = []
+    while path is not None:
+        path, segment = path
+        if isinstance(segment, int):
+            parts.append(f"[{segment}]")
+        elif isinstance(segment, tuple):
+            parts.append(f"[<key {segment[0]}>]")
+        elif _IDENT.fullmatch(segment):
+            parts.append(f".{segment}")
+        else:
+            parts.append('["' + segment.replace("\\", "\\\\").replace('"', '\\"') + '"]')
+    return "$" + "".join(reversed(parts))
 
 
 def find_secrets(payload: object) -> list[SecretFinding]:
     """Every credential-like item in `payload`, in document order; one finding per path."""
-    findings: list[tuple[int, SecretFinding]] = []
-    strings: list[tuple[int, str, str]] = []  # (order, path, text)
-    stack: list[tuple[str, object]] = [("$", payload)]
+    found: list[tuple[int, _Path, str]] = []  # (order, path, detector)
+    strings: list[tuple[int, _Path, str]] = []  # (order, path, text)
+    stack: list[tuple[_Path, object]] = [(None, payload)]
     order = 0
     while stack:
         path, node = stack.pop()
@@ -301,42 +354,69 @@ def find_secrets(payload: object) -> list[SecretFinding]:
             if len(node) >= _MIN_LEN:
                 strings.append((order, path, node))
         elif isinstance(node, dict):
-            children: list[tuple[str, object]] = []
+            children: list[tuple[_Path, object]] = []
             for index, (key, value) in enumerate(node.items()):
-                key_text = str(key)
-                child = _child(path, key_text)
+                key_text = key if isinstance(key, str) else str(key)
                 kind = _key_kind(key_text)
                 if kind is not None and _carries(value, kind == "str"):
-                    findings.append((order, SecretFinding(child, "key_name")))
+                    found.append((order, (path, key_text), "key_name"))
                     order += 1
                     continue
                 if len(key_text) >= 20:  # a credential used as a key: never echo the key
-                    strings.append((order, f"{path}[<key {index}>]", key_text))
+                    strings.append((order, (path, (index,)), key_text))
                     order += 1
-                children.append((child, value))
+                children.append(((path, key_text), value))
             stack.extend(reversed(children))
         elif isinstance(node, list | tuple):
-            stack.extend((f"{path}[{i}]", v) for i, v in reversed(list(enumerate(node))))
-    findings.extend(_scan_strings(strings))
-    findings.sort(key=lambda item: item[0])
-    return [finding for _, finding in findings]
+            stack.extend(((path, i), v) for i, v in reversed(list(enumerate(node))))
+    found.extend(_scan_strings(strings))
+    found.sort(key=lambda item: item[0])
+    return [SecretFinding(_format(path), detector) for _, path, detector in found]
 
 
-def _scan_strings(strings: list[tuple[int, str, str]]) -> Iterator[tuple[int, SecretFinding]]:
+def _scan_strings(strings: list[tuple[int, _Path, str]]) -> Iterator[tuple[int, _Path, str]]:
     if not strings:
         return
-    # Fast path: run every check once over all strings joined by newlines (no pattern
-    # spans a newline); only checks that fire there are re-run string by string.
-    joined = "\n".join(text for _, _, text in strings)
-    active = [check for check in _VALUE_CHECKS if check(joined)]
-    if not active:
-        return
-    for order, path, text in strings:
-        for check in active:
-            detector = check(text)
+    # Each check runs once over all strings joined by newlines (no pattern spans a newline)
+    # or, when its needles occur only a few times, over just the strings holding them;
+    # a check that fires is re-run string by string to find the path.
+    texts = [text for _, _, text in strings]
+    lowered_parts = [text.lower() for text in texts]
+    starts = list(accumulate((len(part) + 1 for part in lowered_parts[:-1]), initial=0))
+    joined, lowered = "\n".join(texts), "\n".join(lowered_parts)
+    hits: dict[int, list[_Run]] = {}  # string index -> checks that fired there
+    for check in _VALUE_CHECKS:
+        if check.gate is not None and not check.gate.search(joined):
+            continue
+        owners = _owners(lowered, starts, check.needles) if check.needles else None
+        if owners is None:
+            if not check.run(joined):
+                continue
+            owners = range(len(texts))
+        for index in owners:
+            hits.setdefault(index, []).append(check.run)
+    for index in sorted(hits):
+        order, path, text = strings[index]
+        for run in hits[index]:
+            detector = run(text)
             if detector is not None:
-                yield order, SecretFinding(path, detector)
+                yield order, path, detector
                 break
+
+
+def _owners(lowered: str, starts: list[int], needles: tuple[str, ...]) -> set[int] | None:
+    """Indices of the strings holding a needle, or None when there are too many hits."""
+    owners: set[int] = set()
+    budget = 8
+    for needle in needles:
+        pos = lowered.find(needle)
+        while pos >= 0:
+            budget -= 1
+            if budget < 0:
+                return None
+            owners.add(bisect_right(starts, pos) - 1)
+            pos = lowered.find(needle, pos + 1)
+    return owners
 
 
 def check_no_secrets(payload: object) -> None:

@@ -51,6 +51,7 @@ PROTOCOL_HEADERS: Final = frozenset(
      "traceparent", "content-type", "content-length", "host", "accept-encoding"}
 )
 _TOKEN = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
+_HEADER_VALUE = re.compile(r"^[\t\x20-\x7e]*$")
 BEFORE_WRITE_ERRORS: Final = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
 
 
@@ -83,8 +84,9 @@ class HttpProvider:
         self.max_response_bytes = max_response_bytes
         total = capabilities.timeout_seconds
         self._total = total
+        connect = min(connect_timeout_seconds, total)  # also bounds the wait for a pooled slot
         self._client = httpx.Client(
-            timeout=httpx.Timeout(total, connect=min(connect_timeout_seconds, total)),
+            timeout=httpx.Timeout(total, connect=connect, pool=connect),
             limits=httpx.Limits(
                 max_connections=max_connections, max_keepalive_connections=max_connections
             ),
@@ -111,6 +113,10 @@ class HttpProvider:
         )
         if dispatch.traceparent:
             headers["traceparent"] = dispatch.traceparent
+        for name, value in headers.items():
+            if not _HEADER_VALUE.match(value):
+                # refused here, before anything is written: never an ambiguous outcome
+                raise ValueError(f"the {name} header value is not printable ASCII")
         return headers
 
     def send(self, dispatch: Dispatch) -> Outcome:

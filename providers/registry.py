@@ -9,6 +9,7 @@ configuration stops the daemon at start-up, not at the first dispatch.
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections.abc import Callable, Mapping
 from typing import Any, Final
@@ -77,7 +78,5 @@ def build_providers(sections: Mapping[str, Mapping[str, Any]]) -> dict[str, Prov
 
 def close_providers(providers: Mapping[str, Provider]) -> None:
     for provider in providers.values():
-        try:
+        with contextlib.suppress(Exception):  # best effort: the process is going away
             provider.close()
-        except Exception:  # closing is best effort; the process is going away
-            pass

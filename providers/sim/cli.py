@@ -122,14 +122,16 @@ def main(argv: list[str] | None = None) -> int:
         stop.set()
 
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
-    thread = threading.Thread(target=server.serve_forever, name="sim-http", daemon=True)
+    thread = threading.Thread(
+        target=server.serve_forever, kwargs={"poll_interval": 0.1}, name="sim-http", daemon=True
+    )
     try:
         thread.start()
         host, port = server.server_address[:2]
         if args.port_file:
             _write_port_file(args.port_file, int(port))
         print(f"listening on http://{host!s}:{port}", flush=True)
-        while not stop.wait(0.5):
+        while not stop.wait(0.1):
             pass
     finally:
         server.shutdown()

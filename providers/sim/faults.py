@@ -63,7 +63,8 @@ class SimSettings:
                     raise SettingsError(f"{name} must be a number >= 0")
                 if name.startswith("p_") and value > 1:
                     raise SettingsError(f"{name} is a probability in [0, 1]")
-                value = float(value)
+                checked[name] = float(value)
+                continue
             elif name == "profile" and value not in PROFILES:
                 raise SettingsError(f"profile must be one of {', '.join(PROFILES)}")
             checked[name] = value

@@ -70,7 +70,7 @@ class SimHandler(BaseHTTPRequestHandler):
     server: SimServer
     server_version = "outboxd-sim"
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib name
+    def log_message(self, format: str, *args: Any) -> None:
         log.debug("sim %s", format % args)
 
     # -- plumbing ----------------------------------------------------------------------

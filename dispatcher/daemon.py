@@ -1,0 +1,220 @@
+"""``outboxd run``: the sidecar's life cycle around :class:`dispatcher.worker.Worker`.
+
+Start: check the schema is current, build providers, then — before claiming anything —
+recover expired leases and reconcile what it finds (a starting replica trusts the
+records, not its memory). Run: claim while there is room, record what finished, extend
+leases; wake on PostgreSQL ``NOTIFY`` or every ``poll_interval_ms``. Periodic jobs
+(lease recovery, reconciliation, gauges) run on APScheduler. A database outage is
+survived with reconnection back-off; nothing is lost (unrecorded outcomes are kept and
+recorded when it is back; if the process dies first, lease recovery and reconciliation
+settle them). SIGTERM/SIGINT: stop claiming, wait ``shutdown_grace_seconds`` for sends in
+flight, leave the rest recoverable, exit 0.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import threading
+import time
+from collections.abc import Callable, Mapping
+from types import FrameType
+from typing import Any
+
+import sqlalchemy as sa
+from apscheduler.schedulers.background import BackgroundScheduler
+from sqlalchemy.engine import Engine
+
+from dispatcher import gauges, httpserver
+from dispatcher.config import Config
+from dispatcher.reconcile import Reconciler
+from dispatcher.recovery import LeaseRecovery
+from dispatcher.worker import Worker, WorkerSettings
+from outbox import db, migrate
+from outbox.ddl import NOTIFY_CHANNEL
+from providers.base import Provider
+from providers.registry import build_providers, close_providers
+
+log = logging.getLogger("outboxd.daemon")
+MAX_BACKOFF_SECONDS = 5.0
+
+
+def default_worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+class Daemon:
+    def __init__(
+        self,
+        config: Config,
+        *,
+        providers: Mapping[str, Provider] | None = None,
+        authority: Any = None,
+    ) -> None:
+        self.config = config
+        d = config.dispatcher
+        self.worker_id = d.worker_id or default_worker_id()
+        self.engine: Engine = db.create_engine(
+            config.database.url,
+            schema=config.database.schema,
+            pool_size=config.database.pool_size,
+            connect_timeout=config.database.connect_timeout_seconds,
+        )
+        self.providers = (
+            dict(providers) if providers is not None else build_providers(config.providers)
+        )
+        self.worker = Worker(
+            self.engine,
+            self.providers,
+            WorkerSettings(
+                worker_id=self.worker_id,
+                batch_size=d.batch_size,
+                concurrency=d.concurrency,
+                lease_seconds=d.lease_seconds,
+                dedup_safety_margin=d.dedup_safety_margin,
+                max_payload_bytes=config.database.max_payload_bytes,
+            ),
+            authority=authority,
+        )
+        self.recovery = LeaseRecovery(self.engine, actor=self.worker_id)
+        self.reconciler = Reconciler(self.engine, self.providers, actor=self.worker_id)
+        self.health = httpserver.Health(wedged_after=max(60.0, d.lease_seconds * 2))
+        self.health.ready_check = self._ready_problem
+        self.stopping = threading.Event()
+        self._server: Any = None
+
+    # -- readiness ---------------------------------------------------------------------
+    def _ready_problem(self) -> str | None:
+        try:
+            migrate.check_current(self.engine, self.config.database.schema)
+        except Exception as exc:
+            return f"database: {type(exc).__name__}: {exc}"[:300]
+        if not self.providers:
+            return "no providers configured"
+        return None
+
+    # -- life cycle --------------------------------------------------------------------
+    def request_stop(self, *_: object) -> None:
+        self.stopping.set()
+        self.worker.kick.set()
+
+    def install_signal_handlers(self) -> None:
+        def handler(signum: int, frame: FrameType | None) -> None:
+            log.info("stopping", extra={"reason": signal.Signals(signum).name})
+            self.request_stop()
+
+        signal.signal(signal.SIGTERM, handler)
+        signal.signal(signal.SIGINT, handler)
+
+    def run(self, *, once: bool = False) -> int:
+        migrate.check_current(self.engine, self.config.database.schema)
+        m = self.config.metrics
+        if m.enabled and not once:
+            self._server = httpserver.serve(m.host, m.port, self.health)
+        self._guarded("startup recovery", self.recovery.run_once)
+        self._guarded("startup reconciliation", self.reconciler.run_once)
+        scheduler = None if once else self._start_scheduler()
+        listener = None if once else self._start_listener()
+        log.info("dispatcher started", extra={"worker": self.worker_id})
+        try:
+            self._loop(once)
+        finally:
+            self.stopping.set()
+            grace = self.config.dispatcher.shutdown_grace_seconds
+            try:
+                self.worker.wait_in_flight(grace)
+            except Exception:
+                log.exception("could not record outcomes at shutdown; leases will expire")
+            if scheduler is not None:
+                scheduler.shutdown(wait=False)
+            if listener is not None:
+                listener.join(timeout=2)
+            if self._server is not None:
+                self._server.shutdown()
+            self.worker.close()
+            close_providers(self.providers)
+            self.engine.dispose()
+            log.info("dispatcher stopped", extra={"worker": self.worker_id})
+        return 0
+
+    def _loop(self, once: bool) -> None:
+        poll = self.config.dispatcher.poll_interval_ms / 1000
+        backoff = 0.0
+        while not self.stopping.is_set():
+            self.health.beat()
+            try:
+                claimed = self.worker.claim_and_dispatch()
+                recorded = self.worker.record_done()
+                self.worker.extend_leases()
+                backoff = 0.0
+            except sa.exc.DBAPIError as exc:
+                backoff = min(MAX_BACKOFF_SECONDS, max(0.1, backoff * 2))
+                log.warning(
+                    "database unavailable; backing off",
+                    extra={"error": type(exc.orig or exc).__name__, "count": backoff},
+                )
+                self.stopping.wait(backoff)
+                continue
+            if once and claimed == 0 and recorded == 0 and self.worker.in_flight() == 0:
+                return
+            if claimed == 0 and recorded == 0:
+                self.worker.kick.wait(poll)
+                self.worker.kick.clear()
+
+    def _guarded(self, what: str, fn: Callable[[], object]) -> None:
+        try:
+            fn()
+        except Exception:
+            log.exception(f"{what} failed")
+
+    def _start_scheduler(self) -> BackgroundScheduler:
+        d, m = self.config.dispatcher, self.config.metrics
+        scheduler = BackgroundScheduler(daemon=True)
+        jobs: list[tuple[str, Callable[[], object], float]] = [
+            ("lease recovery", self.recovery.run_once, d.recovery_interval_seconds),
+            ("reconciliation", self._reconcile_and_kick, d.reconcile_interval_seconds),
+            ("gauges", lambda: gauges.refresh(self.engine), m.gauge_refresh_seconds),
+        ]
+        for name, fn, every in jobs:
+            scheduler.add_job(
+                self._guarded,
+                "interval",
+                args=(name, fn),
+                seconds=every,
+                max_instances=1,
+                coalesce=True,
+                id=name,
+            )
+        scheduler.start()
+        return scheduler
+
+    def _reconcile_and_kick(self) -> None:
+        counts = self.reconciler.run_once()
+        if counts.requeued:
+            self.worker.kick.set()
+
+    def _start_listener(self) -> threading.Thread | None:
+        if self.engine.dialect.name != "postgresql":
+            return None
+        url = self.engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
+        thread = threading.Thread(
+            target=self._listen, args=(url,), name="outboxd-listen", daemon=True
+        )
+        thread.start()
+        return thread
+
+    def _listen(self, dsn: str) -> None:
+        import psycopg
+
+        while not self.stopping.is_set():
+            try:
+                with psycopg.connect(dsn, autocommit=True, connect_timeout=5) as conn:
+                    conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
+                    while not self.stopping.is_set():
+                        for _ in conn.notifies(timeout=1.0, stop_after=1):
+                            self.worker.kick.set()
+            except Exception:
+                log.debug("notification listener reconnecting")
+                time.sleep(1.0)

@@ -1,0 +1,103 @@
+"""Rows for the append-only records: ``outbox_events`` (every status change) and
+``outbox_attempts`` (every dispatch attempt with its evidence). Written in the same
+transaction as the transitions they describe, with one multi-row insert per batch."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from outbox import schema
+from outbox.records import OperationRecord
+
+EVIDENCE_LIMIT = 4096  # characters of JSON evidence kept per attempt
+
+
+def event(
+    op: OperationRecord,
+    *,
+    from_status: str | None,
+    to_status: str | None,
+    actor: str,
+    reason: str | None = None,
+    kind: str = "transition",
+    fencing_token: int | None = None,
+    detail: Mapping[str, Any] | None = None,
+    evidence_ref: str | None = None,
+) -> dict[str, Any]:
+    return {
+        "tenant_id": op.tenant_id,
+        "task_id": op.task_id,
+        "operation_id": op.operation_id,
+        "kind": kind,
+        "from_status": from_status,
+        "to_status": to_status,
+        "actor": actor,
+        "reason": reason,
+        "evidence_ref": evidence_ref,
+        "detail": dict(detail) if detail else None,
+        "fencing_token": fencing_token if fencing_token is not None else op.fencing_token,
+    }
+
+
+def attempt(
+    op: OperationRecord,
+    *,
+    attempt_no: int,
+    token: int,
+    worker: str,
+    result_class: str,
+    started_at: datetime | None,
+    finished_at: datetime | None,
+    status_code: int | None = None,
+    error_class: str | None = None,
+    transport_phase: str | None = None,
+    request_digest: str | None = None,
+    duration_ms: float | None = None,
+    evidence: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    return {
+        "tenant_id": op.tenant_id,
+        "operation_id": op.operation_id,
+        "attempt": attempt_no,
+        "fencing_token": token,
+        "worker": worker,
+        "provider": op.provider,
+        "started_at": started_at,
+        "finished_at": finished_at,
+        "result_class": result_class,
+        "status_code": status_code,
+        "error_class": error_class,
+        "transport_phase": transport_phase,
+        "request_digest": request_digest,
+        "duration_ms": duration_ms,
+        "evidence": bounded(evidence),
+    }
+
+
+def bounded(evidence: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """Evidence is untrusted and may be large: keep it small and JSON-safe."""
+    if not evidence:
+        return None
+    import json
+
+    text = json.dumps(evidence, default=str, sort_keys=True)
+    if len(text) <= EVIDENCE_LIMIT:
+        result: dict[str, Any] = json.loads(text)
+        return result
+    return {"truncated": True, "prefix": text[:EVIDENCE_LIMIT]}
+
+
+def write(
+    conn: Connection,
+    events: Sequence[Mapping[str, Any]] = (),
+    attempts: Sequence[Mapping[str, Any]] = (),
+) -> None:
+    if events:
+        conn.execute(sa.insert(schema.events), list(events))
+    if attempts:
+        conn.execute(sa.insert(schema.attempts), list(attempts))

@@ -1,0 +1,432 @@
+"""The dispatch cycle of one replica: claim -> check -> commit ``dispatching`` -> send ->
+record. Each step is a method the daemon's loop calls; nothing here sleeps or loops.
+
+Order is the protocol: a request leaves the process only after the transaction that
+moved its row to ``dispatching`` has committed, and every later write is fenced on the
+batch's token and the row's revision. Sends run on a bounded thread pool
+(``concurrency`` in flight); their outcomes are recorded in batches.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy.engine import Engine
+
+from dispatcher import failpoints, journal, metrics, outcomes
+from dispatcher import queries as q
+from dispatcher.checks import AuthorityCheck, NoAuthority, pre_dispatch
+from outbox.records import OperationRecord
+from outbox.states import OperationStatus
+from providers.base import Dispatch, Outcome, OutcomeKind, Provider, TransportPhase
+
+log = logging.getLogger("outboxd.dispatch")
+S = OperationStatus
+
+
+@dataclass
+class InFlight:
+    op: OperationRecord
+    token: int
+    revision: int  # after the dispatching commit
+    attempt: int
+    first_dispatched_at: datetime
+    started_at: datetime
+    digest: str | None
+    t0: float = field(default_factory=time.monotonic)
+    extended_at: float = field(default_factory=time.monotonic)
+    outcome: Outcome | None = None
+    duration: float = 0.0
+
+
+@dataclass(frozen=True)
+class WorkerSettings:
+    worker_id: str
+    batch_size: int = 100
+    concurrency: int = 32
+    lease_seconds: float = 30.0
+    dedup_safety_margin: float = 0.1
+    max_payload_bytes: int = 262_144
+
+
+class Worker:
+    def __init__(
+        self,
+        engine: Engine,
+        providers: Mapping[str, Provider],
+        settings: WorkerSettings,
+        authority: AuthorityCheck | None = None,
+    ) -> None:
+        self.engine = engine
+        self.providers = providers
+        self.s = settings
+        self.authority: AuthorityCheck = authority or NoAuthority()
+        self.kick = threading.Event()
+        self._pool = ThreadPoolExecutor(settings.concurrency, thread_name_prefix="outboxd-send")
+        self._inflight: dict[int, InFlight] = {}
+        self._done: queue.SimpleQueue[InFlight] = queue.SimpleQueue()
+        self._unrecorded: list[InFlight] = []
+
+    # -- claim and dispatch ------------------------------------------------------------
+    def free_slots(self) -> int:
+        return self.s.concurrency - len(self._inflight)
+
+    def in_flight(self) -> int:
+        return len(self._inflight)
+
+    def claim_and_dispatch(self) -> int:
+        """Claim one batch and send what passes the checks. Returns rows claimed."""
+        limit = min(self.s.batch_size, self.free_slots())
+        if limit <= 0:
+            return 0
+        t0 = time.perf_counter()
+        with self.engine.begin() as conn:
+            token, rows = q.operation_claim_batch(
+                conn, worker=self.s.worker_id, limit=limit, lease_seconds=self.s.lease_seconds
+            )
+            journal.write(
+                conn,
+                [
+                    journal.event(
+                        r, from_status="pending", to_status="claimed", actor=self.s.worker_id
+                    )
+                    for r in rows
+                ],
+            )
+        metrics.CLAIM_DURATION.observe(time.perf_counter() - t0)
+        if not rows:
+            return 0
+        failpoints.hit("after_claim_commit")
+        sends = self._commit_dispatching(token, rows)
+        failpoints.hit("after_dispatching_commit")
+        for item in sends:
+            self._inflight[item.op.id] = item
+            self._pool.submit(self._send, item)
+        return len(rows)
+
+    def _commit_dispatching(self, token: int, rows: list[OperationRecord]) -> list[InFlight]:
+        refused: list[q.Transition] = []
+        events: list[dict[str, Any]] = []
+        by_id = {r.id: r for r in rows}
+        with self.engine.begin() as conn:
+            now = q.fetch_db_now(conn)
+            passing: list[OperationRecord] = []
+            digests: dict[int, str | None] = {}
+            for op in rows:
+                v = pre_dispatch(
+                    op,
+                    providers=self.providers,
+                    margin=self.s.dedup_safety_margin,
+                    max_payload_bytes=self.s.max_payload_bytes,
+                    now=now,
+                )
+                digests[op.id] = v.digest
+                if v.status is None:
+                    passing.append(op)
+                    continue
+                refused.append(
+                    q.Transition(
+                        op.id, op.state_revision, v.status, v.reason, payload_digest=v.digest
+                    )
+                )
+                if v.dedup_refused:
+                    metrics.DEDUP_WINDOW_REFUSALS.labels(op.provider).inc()
+            for op_id, reason in self.authority.check(conn, passing, now).items():
+                op = by_id[op_id]
+                refused.append(
+                    q.Transition(
+                        op.id,
+                        op.state_revision,
+                        S.BLOCKED,
+                        reason,
+                        payload_digest=digests.get(op.id),
+                    )
+                )
+            blocked_ids = {t.id for t in refused}
+            passing = [op for op in passing if op.id not in blocked_ids]
+            marked = q.operation_mark_dispatching(
+                conn,
+                token=token,
+                pairs=[(op.id, op.state_revision) for op in passing],
+                lease_seconds=self.s.lease_seconds,
+            )
+            marked_ids = {m.id for m in marked}
+            late = q.refusal_reasons(conn, [op.id for op in passing if op.id not in marked_ids])
+            for op_id, (status, reason) in late.items():
+                op = by_id[op_id]
+                refused.append(q.Transition(op.id, op.state_revision, status, reason))
+            moved = q.operation_transition_many(
+                conn, token=token, expected=S.CLAIMED, items=refused
+            )
+            for t in refused:
+                if t.id in moved:
+                    events.append(
+                        journal.event(
+                            by_id[t.id],
+                            from_status="claimed",
+                            to_status=t.status.value,
+                            reason=t.status_reason,
+                            actor=self.s.worker_id,
+                            fencing_token=token,
+                        )
+                    )
+            sends = []
+            for m in marked:
+                op = by_id[m.id]
+                events.append(
+                    journal.event(
+                        op,
+                        from_status="claimed",
+                        to_status="dispatching",
+                        actor=self.s.worker_id,
+                        fencing_token=token,
+                    )
+                )
+                sends.append(
+                    InFlight(
+                        op,
+                        token,
+                        m.state_revision,
+                        m.attempts,
+                        m.first_dispatched_at,
+                        m.last_attempt_started_at,
+                        digests.get(op.id),
+                    )
+                )
+            self.authority.consume(conn, [by_id[m.id] for m in marked], token)
+            journal.write(conn, events)
+        lost = len(rows) - len(marked) - len(moved)
+        if lost:
+            metrics.FENCING_REJECTIONS.inc(lost)
+        for t in refused:
+            if t.id in moved:
+                log.warning(
+                    "operation not dispatched",
+                    extra={
+                        "operation_id": by_id[t.id].operation_id,
+                        "tenant": by_id[t.id].tenant_id,
+                        "status": t.status.value,
+                        "reason": t.status_reason,
+                        "fencing_token": token,
+                    },
+                )
+        return sends
+
+    def _send(self, item: InFlight) -> None:
+        provider = self.providers[item.op.provider]
+        op = item.op
+        payload = op.payload if isinstance(op.payload, dict) else {}
+        dispatch = Dispatch(
+            tenant_id=op.tenant_id,
+            task_id=op.task_id,
+            operation_id=op.operation_id,
+            idempotency_key=op.idempotency_key or f"{op.tenant_id}:{op.operation_id}",
+            fencing_token=item.token,
+            payload=payload,
+            attempt=item.attempt,
+            payload_digest=item.digest,
+            traceparent=op.traceparent,
+        )
+        t0 = time.perf_counter()
+        try:
+            item.outcome = provider.send(dispatch)
+        except Exception as exc:  # a provider bug must not lose the row: it may have sent
+            log.exception("provider raised", extra={"operation_id": op.operation_id})
+            item.outcome = Outcome(
+                OutcomeKind.AMBIGUOUS,
+                error_class=type(exc).__name__,
+                transport_phase=TransportPhase.AFTER_WRITE,
+                reason="provider raised",
+            )
+        item.duration = time.perf_counter() - t0
+        metrics.DISPATCH_DURATION.labels(op.provider).observe(item.duration)
+        self._done.put(item)
+        self.kick.set()
+
+    # -- record ------------------------------------------------------------------------
+    def record_done(self) -> int:
+        """Record every finished send in one transaction. Returns how many."""
+        items = self._unrecorded
+        self._unrecorded = []
+        while True:
+            try:
+                items.append(self._done.get_nowait())
+            except queue.Empty:
+                break
+        if not items:
+            return 0
+        failpoints.hit("after_send")
+        try:
+            moved_all = self._record(items)
+        except Exception:
+            self._unrecorded = items  # recorded once the database is back
+            raise
+        for item in items:
+            self._inflight.pop(item.op.id, None)
+        fenced = len(items) - len(moved_all)
+        if fenced:
+            metrics.FENCING_REJECTIONS.inc(fenced)
+            log.warning("stale outcomes not applied (fencing)", extra={"count": fenced})
+        return len(items)
+
+    def _record(self, items: list[InFlight]) -> set[int]:
+        moved_all: set[int] = set()
+        with self.engine.begin() as conn:
+            now = q.fetch_db_now(conn)
+            by_token: dict[int, list[tuple[InFlight, outcomes.Decision]]] = defaultdict(list)
+            for item in items:
+                by_token[item.token].append((item, self._decide(item, now)))
+            events: list[dict[str, Any]] = []
+            attempts: list[dict[str, Any]] = []
+            for token, group in by_token.items():
+                moved = q.operation_transition_many(
+                    conn,
+                    token=token,
+                    expected=S.DISPATCHING,
+                    items=[
+                        q.Transition(
+                            i.op.id,
+                            i.revision,
+                            d.status,
+                            d.reason,
+                            d.receipt,
+                            d.last_outcome,
+                            d.delay_seconds,
+                        )
+                        for i, d in group
+                    ],
+                )
+                moved_all |= moved
+                for item, d in group:
+                    events.extend(self._observe(item, d, item.op.id in moved))
+                    attempts.append(self._attempt_row(item, now, fenced=item.op.id not in moved))
+            journal.write(conn, events, attempts)
+            failpoints.hit("before_receipt_commit")
+        return moved_all
+
+    def _decide(self, item: InFlight, now: datetime) -> outcomes.Decision:
+        assert item.outcome is not None
+        caps = self.providers[item.op.provider].capabilities
+        return outcomes.decide(
+            item.outcome,
+            caps=caps,
+            policy=outcomes.policy_for(caps, item.op.max_attempts, item.op.max_elapsed_seconds),
+            margin=self.s.dedup_safety_margin,
+            attempts=item.attempt,
+            first_dispatched_at=item.first_dispatched_at,
+            prior_outcome=item.op.last_outcome,
+            now=now,
+        )
+
+    def _observe(self, item: InFlight, d: outcomes.Decision, moved: bool) -> list[dict[str, Any]]:
+        out = item.outcome
+        assert out is not None
+        provider = item.op.provider
+        metrics.DISPATCH_ATTEMPTS.labels(provider, out.kind.value).inc()
+        if not moved:
+            return []
+        if out.replayed:
+            metrics.DUPLICATES_SUPPRESSED.labels(provider, "receiver_replay").inc()
+        if d.retried:
+            metrics.RETRIES.labels(provider).inc()
+        if d.dedup_refused:
+            metrics.DEDUP_WINDOW_REFUSALS.labels(provider).inc()
+        if d.status in (S.UNKNOWN, S.BLOCKED, S.REJECTED):
+            log.warning(
+                "dispatch outcome",
+                extra={
+                    "operation_id": item.op.operation_id,
+                    "tenant": item.op.tenant_id,
+                    "fencing_token": item.token,
+                    "attempt": item.attempt,
+                    "outcome": out.kind.value,
+                    "status": d.status.value,
+                    "reason": d.reason,
+                },
+            )
+        return [
+            journal.event(
+                item.op,
+                from_status="dispatching",
+                to_status=d.status.value,
+                reason=d.reason,
+                actor=self.s.worker_id,
+                fencing_token=item.token,
+                detail={
+                    "outcome": out.kind.value,
+                    "status_code": out.status_code,
+                    "replayed": out.replayed,
+                },
+            )
+        ]
+
+    def _attempt_row(self, item: InFlight, now: datetime, *, fenced: bool) -> dict[str, Any]:
+        out = item.outcome
+        assert out is not None
+        evidence: dict[str, Any] = dict(out.evidence)
+        if out.reason:
+            evidence["reason"] = out.reason
+        if out.retry_after_seconds is not None:
+            evidence["retry_after_seconds"] = out.retry_after_seconds
+        if out.replayed:
+            evidence["replayed"] = True
+        if fenced:
+            evidence["fenced"] = True
+        return journal.attempt(
+            item.op,
+            attempt_no=item.attempt,
+            token=item.token,
+            worker=self.s.worker_id,
+            result_class=out.kind.value,
+            started_at=item.started_at,
+            finished_at=now,
+            status_code=out.status_code,
+            error_class=out.error_class,
+            transport_phase=out.transport_phase.value,
+            request_digest=item.digest,
+            duration_ms=round(item.duration * 1000, 3),
+            evidence=evidence,
+        )
+
+    # -- leases and shutdown -------------------------------------------------------------
+    def extend_leases(self) -> None:
+        """Renew the leases of sends that outlive a third of their lease."""
+        due_after = self.s.lease_seconds / 3
+        now = time.monotonic()
+        groups: dict[int, list[InFlight]] = defaultdict(list)
+        for item in list(self._inflight.values()):
+            if item.outcome is None and now - item.extended_at >= due_after:
+                groups[item.token].append(item)
+        if not groups:
+            return
+        with self.engine.begin() as conn:
+            for token, group in groups.items():
+                q.lease_extend(
+                    conn,
+                    token=token,
+                    pairs=[(i.op.id, i.revision) for i in group],
+                    lease_seconds=self.s.lease_seconds,
+                )
+        for group in groups.values():
+            for item in group:
+                item.extended_at = now
+
+    def wait_in_flight(self, timeout: float) -> None:
+        """Wait up to ``timeout`` for sends in flight, recording what finishes."""
+        deadline = time.monotonic() + timeout
+        while self._inflight and time.monotonic() < deadline:
+            self.kick.wait(min(0.05, max(0.0, deadline - time.monotonic())))
+            self.kick.clear()
+            self.record_done()
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)

@@ -1,0 +1,126 @@
+"""Shared fixtures: real SQLite files and the real PostgreSQL, a fresh database per test.
+
+PostgreSQL: ``OUTBOXD_TEST_PG_URL`` (default: postgres on 127.0.0.1:5432). A migrated
+template database is built once per session and cloned per test (``CREATE DATABASE ...
+TEMPLATE``). When PostgreSQL is unreachable the tests start a throwaway cluster if server
+binaries exist, else skip with a loud reason — and under ``CI=true`` a skip is a failure.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+
+from outbox import db, migrate
+
+for _name in [n for n in os.environ if n.startswith("OUTBOXD_") and n != "OUTBOXD_TEST_PG_URL"]:
+    del os.environ[_name]
+
+DEFAULT_PG = "postgresql://postgres@127.0.0.1:5432/postgres"
+TEMPLATE = f"outboxd_tpl_{os.getpid()}"
+
+
+def _admin_dsn(url: str) -> str:
+    return url.replace("postgresql+psycopg://", "postgresql://")
+
+
+def _reachable(dsn: str) -> bool:
+    try:
+        with psycopg.connect(dsn, connect_timeout=3) as conn:
+            conn.execute("SELECT 1")
+        return True
+    except psycopg.OperationalError:
+        return False
+
+
+def _unavailable(reason: str) -> None:
+    message = f"PostgreSQL tests NOT RUN: {reason}"
+    if os.environ.get("CI") == "true":
+        pytest.fail(message + " (CI=true: a skipped PostgreSQL test is a failure)")
+    pytest.skip(message)
+
+
+@pytest.fixture(scope="session")
+def pg_admin_dsn(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    dsn = _admin_dsn(os.environ.get("OUTBOXD_TEST_PG_URL", DEFAULT_PG))
+    cluster = None
+    if not _reachable(dsn):
+        from tests.support.pgcluster import ThrowawayCluster, server_binaries
+
+        if server_binaries() is None:
+            _unavailable(f"{dsn} unreachable and no PostgreSQL server binaries to start one")
+        cluster = ThrowawayCluster(tmp_path_factory.mktemp("pgcluster"))
+        cluster.start()
+        dsn = cluster.dsn("postgres")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{TEMPLATE}"')
+        conn.execute(f'CREATE DATABASE "{TEMPLATE}"')
+    engine = db.create_engine(dsn.rsplit("/", 1)[0] + f"/{TEMPLATE}")
+    migrate.upgrade(engine)
+    engine.dispose()
+    yield dsn
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{TEMPLATE}" WITH (FORCE)')
+    if cluster is not None:
+        cluster.stop()
+
+
+def new_pg_database(admin_dsn: str, *, migrated: bool = True) -> str:
+    """Create a fresh database (a clone of the migrated template) and return its URL."""
+    name = f"outboxd_t_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(admin_dsn, autocommit=True) as conn:
+        if migrated:
+            conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{TEMPLATE}"')
+        else:
+            conn.execute(f'CREATE DATABASE "{name}"')
+    return "postgresql+psycopg://" + admin_dsn.split("://", 1)[1].rsplit("/", 1)[0] + "/" + name
+
+
+def drop_pg_database(admin_dsn: str, url: str) -> None:
+    name = url.rsplit("/", 1)[1]
+    with psycopg.connect(admin_dsn, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def pg_url(pg_admin_dsn: str) -> Iterator[str]:
+    url = new_pg_database(pg_admin_dsn)
+    yield url
+    drop_pg_database(pg_admin_dsn, url)
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: Path) -> str:
+    url = f"sqlite:///{tmp_path / 'outbox.db'}"
+    engine = db.create_engine(url)
+    migrate.upgrade(engine)
+    engine.dispose()
+    return url
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def db_url(request: pytest.FixtureRequest) -> str:
+    """A migrated database of each dialect."""
+    name = "sqlite_url" if request.param == "sqlite" else "pg_url"
+    value = request.getfixturevalue(name)
+    assert isinstance(value, str)
+    return value
+
+
+@pytest.fixture
+def engine(db_url: str) -> Iterator[Engine]:
+    eng = db.create_engine(db_url)
+    yield eng
+    eng.dispose()
+
+
+def count(engine: Engine, sql: str, **params: object) -> int:
+    with engine.connect() as conn:
+        return int(conn.execute(sa.text(sql), params).scalar_one())
