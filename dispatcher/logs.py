@@ -68,5 +68,7 @@ def setup(level: str = "INFO", fmt: str = "auto") -> None:
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
     root.propagate = False
-    for noisy in ("apscheduler", "httpx", "httpcore"):
+    for noisy in ("httpx", "httpcore"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    # "job skipped: maximum number of running instances" is expected back-pressure.
+    logging.getLogger("apscheduler").setLevel(logging.ERROR)

@@ -24,7 +24,7 @@ from sqlalchemy.orm import Session
 from outbox import errors, schema
 from outbox.db import mapped_errors
 from outbox.ddl import DEFAULT_MAX_PAYLOAD_BYTES
-from outbox.digest import canonical_json, payload_digest
+from outbox.digest import canonical_json, default_idempotency_key, payload_digest
 from outbox.records import OperationRecord, TaskRecord
 from outbox.secrets import check_no_secrets
 from outbox.states import NON_TERMINAL, OperationStatus
@@ -164,7 +164,14 @@ def _stage(conn: Connection, row: dict[str, Any]) -> OperationRecord:
                 tenant_id=row["tenant_id"], operation_id=row["operation_id"]
             )
         return existing
-    stmt = _insert(conn)(ops_t).values(**row).on_conflict_do_nothing().returning(*ops_t.c)
+    # Derive the default key here too (the same value the database trigger derives), so a
+    # collision with another operation's key is caught by ON CONFLICT DO NOTHING on both
+    # dialects. SQLite's trigger sets it in an AFTER INSERT UPDATE, outside the upsert's
+    # conflict handling, which raised a raw IntegrityError instead.
+    values = {**row}
+    if values.get("idempotency_key") is None:
+        values["idempotency_key"] = default_idempotency_key(row["tenant_id"], row["operation_id"])
+    stmt = _insert(conn)(ops_t).values(**values).on_conflict_do_nothing().returning(*ops_t.c)
     with mapped_errors():
         inserted = conn.execute(stmt).mappings().first()
     if inserted is None:

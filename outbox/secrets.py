@@ -33,7 +33,8 @@ from bisect import bisect_right
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import lru_cache
-from itertools import accumulate
+from itertools import accumulate, pairwise
+from typing import Any
 
 from detect_secrets.plugins.aws import AWSKeyDetector
 from detect_secrets.plugins.azure_storage_key import AzureStorageKeyDetector
@@ -77,8 +78,34 @@ class SecretFinding:
 _CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])|(?<=[A-Za-z])(?=[0-9])")
 _WORD_SPLIT = re.compile(r"[^a-z0-9]+")
 _NEUTRAL_SUFFIXES = frozenset(
-    "value val plain plaintext raw str string text b64 base64 hex enc encrypted hash hashed "
-    "digest bytes data header confirm confirmation again repeat old new current".split()
+    [
+        "value",
+        "val",
+        "plain",
+        "plaintext",
+        "raw",
+        "str",
+        "string",
+        "text",
+        "b64",
+        "base64",
+        "hex",
+        "enc",
+        "encrypted",
+        "hash",
+        "hashed",
+        "digest",
+        "bytes",
+        "data",
+        "header",
+        "confirm",
+        "confirmation",
+        "again",
+        "repeat",
+        "old",
+        "new",
+        "current",
+    ]
 )
 _SENSITIVE_TAIL = re.compile(
     r"(?:password|passwords|passwd|passphrase|secret|secrets|credentials?|authorization"
@@ -92,7 +119,9 @@ _BENIGN_TOKEN = re.compile(
     r"|cancellation|cancel|resume|delta|change|eos|bos|pad|unk|stop|sep|cls|mask|special)token$"
 )
 _HEADER_ONLY = ("authorization", "cookie", "cookies")
-_MASKED = re.compile(r"[\s*•xX#.\-]*|[\[<(]?(?:redacted|hidden|removed|none|null|n/?a)[\]>)]?", re.I)
+_MASKED = re.compile(
+    r"[\s*•xX#.\-]*|[\[<(]?(?:redacted|hidden|removed|none|null|n/?a)[\]>)]?", re.IGNORECASE
+)
 
 
 @lru_cache(maxsize=4096)  # payloads of one kind share their keys
@@ -135,6 +164,11 @@ class _Check:
     # gate never changes a result; it only skips regex scans (this runs on every enqueue).
     needles: tuple[str, ...] = ()
     gate: re.Pattern[str] | None = None  # alternatively, a fast regex that must match
+    # Its matches have no whitespace and are >= _DENSE_MIN long: pre-run over such words only.
+    dense: bool = False
+
+
+_DENSE_MIN = 32
 
 
 def _plugin(plugin: object, name: str, *needles: str) -> _Check:
@@ -155,8 +189,11 @@ def _plugin(plugin: object, name: str, *needles: str) -> _Check:
 # Instantiated once at import; analysis is stateless.
 _PLUGINS: list[_Check] = [
     # Gate: a ":" followed by the 35-character secret (literal-prefixed, so fast).
-    _Check(_plugin(TelegramBotTokenDetector(), "telegram_token").run,
-           gate=re.compile(r":[0-9A-Za-z_\-]{35}")),
+    _Check(
+        _plugin(TelegramBotTokenDetector(), "telegram_token").run,
+        gate=re.compile(r":[0-9A-Za-z_\-]{35}"),
+        dense=True,
+    ),
     _plugin(PrivateKeyDetector(), "private_key", "private key", "putty-user-key"),
     _plugin(JwtTokenDetector(), "jwt", "eyj"),
     _plugin(AWSKeyDetector(), "aws_access_key", "a3t", "abia", "acca", "akia", "asia", "aws"),
@@ -166,11 +203,11 @@ _PLUGINS: list[_Check] = [
     _plugin(SlackDetector(), "slack_token", "xox", "hooks.slack.com"),
     _plugin(StripeDetector(), "stripe_key", "k_live_"),
     _plugin(SendGridDetector(), "sendgrid_key", "sg."),
-    _plugin(TwilioKeyDetector(), "twilio_key", "ac", "sk"),
+    _Check(_plugin(TwilioKeyDetector(), "twilio_key").run, dense=True),
     _plugin(NpmDetector(), "npm_token", "_authtoken="),
     _plugin(OpenAIDetector(), "openai_key", "t3blbkfj"),
     _plugin(PypiTokenDetector(), "pypi_token", "pypi-age"),
-    _plugin(DiscordBotTokenDetector(), "discord_token", "."),
+    _Check(_plugin(DiscordBotTokenDetector(), "discord_token").run, dense=True),
     _plugin(MailchimpDetector(), "mailchimp_key", "-us"),
     _plugin(SquareOAuthDetector(), "square_oauth", "sq0csp-"),
     # These four match "<keyword> = <value>" assignments; we run them only when the
@@ -200,16 +237,25 @@ _OWN: list[_Check] = [
     _regex("private_key", r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----", "private key"),
     _regex("github_token", r"\bgithub_pat_[0-9A-Za-z_]{60,}", "github_pat_"),  # fine-grained
     _regex("npm_token", r"\bnpm_[A-Za-z0-9]{36}\b", "npm_"),  # detect-secrets: .npmrc only
-    _regex("stripe_key", r"\b(?:[sr]k_test_[0-9A-Za-z]{24,}|whsec_[A-Za-z0-9+/=]{24,})",
-           "k_test_", "whsec_"),
+    _regex(
+        "stripe_key",
+        r"\b(?:[sr]k_test_[0-9A-Za-z]{24,}|whsec_[A-Za-z0-9+/=]{24,})",
+        "k_test_",
+        "whsec_",
+    ),
     _regex("anthropic_key", r"\bsk-ant-[a-z]+\d*-[A-Za-z0-9_\-]{32,}", "sk-ant-"),
     _regex("openai_key", r"\bsk-(?:proj-|svcacct-|admin-)?[A-Za-z0-9_\-]{32,}", "sk-"),
     _regex("slack_token", r"\bxapp-\d-[A-Z0-9]+-\d+-[a-z0-9]{16,}", "xapp-"),  # app-level
-    _regex("discord_webhook", r"discord(?:app)?\.com/api/webhooks/\d+/[A-Za-z0-9_\-]{20,}",
-           "discord"),
+    _regex(
+        "discord_webhook", r"discord(?:app)?\.com/api/webhooks/\d+/[A-Za-z0-9_\-]{20,}", "discord"
+    ),
     _regex("gcp_api_key", r"\bAIza[0-9A-Za-z_\-]{35}", "aiza"),
-    _regex("gcp_oauth", r"\b(?:GOCSPX-[0-9A-Za-z_\-]{20,}|ya29\.[0-9A-Za-z_\-]{20,})",
-           "gocspx-", "ya29."),
+    _regex(
+        "gcp_oauth",
+        r"\b(?:GOCSPX-[0-9A-Za-z_\-]{20,}|ya29\.[0-9A-Za-z_\-]{20,})",
+        "gocspx-",
+        "ya29.",
+    ),
     _regex("azure_sas", r"[?&]sig=[A-Za-z0-9%+/=]{20,}", "sig="),
     _regex("huggingface_token", r"\bhf_[A-Za-z]{34}\b", "hf_"),
     _regex("bearer_token", r"(?i)\bbearer\s+[A-Za-z0-9\-._~+/]{16,}=*", "bearer"),
@@ -270,8 +316,10 @@ _MIN_SWITCHES = 0.35
 
 
 def _class_switches(run: str) -> int:
-    classes = ["u" if c.isupper() else "l" if c.islower() else "d" if c.isdigit() else "o" for c in run]
-    return sum(a != b for a, b in zip(classes, classes[1:], strict=False))
+    classes = [
+        "u" if c.isupper() else "l" if c.islower() else "d" if c.isdigit() else "o" for c in run
+    ]
+    return sum(a != b for a, b in pairwise(classes))
 
 
 def _high_entropy(text: str) -> str | None:
@@ -314,7 +362,7 @@ def _in_url_path(text: str, pos: int) -> bool:
     return not any(c.isspace() or c in "?#\"'<>" for c in between)
 
 
-_VALUE_CHECKS: list[_Check] = [*_PLUGINS, *_OWN, _Check(_high_entropy)]
+_VALUE_CHECKS: list[_Check] = [*_PLUGINS, *_OWN, _Check(_high_entropy, dense=True)]
 _MIN_LEN = 7  # the shortest pattern above ("://u:p@") needs 7 characters
 
 
@@ -343,71 +391,85 @@ def _format(path: _Path) -> str:
 
 def find_secrets(payload: object) -> list[SecretFinding]:
     """Every credential-like item in `payload`, in document order; one finding per path."""
-    found: list[tuple[int, _Path, str]] = []  # (order, path, detector)
-    strings: list[tuple[int, _Path, str]] = []  # (order, path, text)
-    stack: list[tuple[_Path, object]] = [(None, payload)]
-    order = 0
-    while stack:
-        path, node = stack.pop()
-        order += 1
-        if isinstance(node, str):
-            if len(node) >= _MIN_LEN:
-                strings.append((order, path, node))
-        elif isinstance(node, dict):
-            children: list[tuple[_Path, object]] = []
-            for index, (key, value) in enumerate(node.items()):
+    items: list[tuple[_Path, str | None]] = []  # (path, string to scan | None: key_name hit)
+    stack: list[tuple[_Path, bool, Iterator[tuple[int, Any]]]] = []
+    if isinstance(payload, str):
+        items.append((None, payload))
+    elif isinstance(payload, dict):
+        stack.append((None, True, enumerate(payload.items())))
+    elif isinstance(payload, list | tuple):
+        stack.append((None, False, enumerate(payload)))
+    while stack:  # depth-first, in document order, without recursion
+        path, is_dict, entries = stack[-1]
+        for index, entry in entries:
+            if is_dict:
+                key, value = entry
                 key_text = key if isinstance(key, str) else str(key)
+                child: _Path = (path, key_text)
                 kind = _key_kind(key_text)
                 if kind is not None and _carries(value, kind == "str"):
-                    found.append((order, (path, key_text), "key_name"))
-                    order += 1
+                    items.append((child, None))
                     continue
                 if len(key_text) >= 20:  # a credential used as a key: never echo the key
-                    strings.append((order, (path, (index,)), key_text))
-                    order += 1
-                children.append(((path, key_text), value))
-            stack.extend(reversed(children))
-        elif isinstance(node, list | tuple):
-            stack.extend(((path, i), v) for i, v in reversed(list(enumerate(node))))
-    found.extend(_scan_strings(strings))
-    found.sort(key=lambda item: item[0])
-    return [SecretFinding(_format(path), detector) for _, path, detector in found]
+                    items.append(((path, (index,)), key_text))
+            else:
+                value, child = entry, (path, index)
+            if isinstance(value, str):
+                if len(value) >= _MIN_LEN:
+                    items.append((child, value))
+            elif isinstance(value, dict):
+                stack.append((child, True, enumerate(value.items())))
+                break
+            elif isinstance(value, list | tuple):
+                stack.append((child, False, enumerate(value)))
+                break
+        else:
+            stack.pop()
+    hits = {i: "key_name" for i, (_, text) in enumerate(items) if text is None}
+    hits.update(_scan_strings([(i, text) for i, (_, text) in enumerate(items) if text is not None]))
+    return [SecretFinding(_format(items[i][0]), hits[i]) for i in sorted(hits)]
 
 
-def _scan_strings(strings: list[tuple[int, _Path, str]]) -> Iterator[tuple[int, _Path, str]]:
+def _scan_strings(strings: list[tuple[int, str]]) -> Iterator[tuple[int, str]]:
+    """(item index, detector) for each string that a check fires on (the first check wins)."""
     if not strings:
         return
     # Each check runs once over all strings joined by newlines (no pattern spans a newline)
     # or, when its needles occur only a few times, over just the strings holding them;
     # a check that fires is re-run string by string to find the path.
-    texts = [text for _, _, text in strings]
+    texts = [text for _, text in strings]
     lowered_parts = [text.lower() for text in texts]
     starts = list(accumulate((len(part) + 1 for part in lowered_parts[:-1]), initial=0))
     joined, lowered = "\n".join(texts), "\n".join(lowered_parts)
-    hits: dict[int, list[_Run]] = {}  # string index -> checks that fired there
+    dense: str | None = None
+    hits: dict[int, list[_Run]] = {}  # position in `strings` -> checks that fired there
     for check in _VALUE_CHECKS:
-        if check.gate is not None and not check.gate.search(joined):
-            continue
         owners = _owners(lowered, starts, check.needles) if check.needles else None
         if owners is None:
-            if not check.run(joined):
+            if check.dense:
+                if dense is None:  # whitespace-free words long enough to hold a match
+                    dense = "\n".join(w for w in joined.split() if len(w) >= _DENSE_MIN)
+                target = dense
+            else:
+                target = joined
+            if (check.gate is not None and not check.gate.search(target)) or not check.run(target):
                 continue
             owners = range(len(texts))
-        for index in owners:
-            hits.setdefault(index, []).append(check.run)
-    for index in sorted(hits):
-        order, path, text = strings[index]
-        for run in hits[index]:
+        for position in owners:
+            hits.setdefault(position, []).append(check.run)
+    for position in sorted(hits):
+        index, text = strings[position]
+        for run in hits[position]:
             detector = run(text)
             if detector is not None:
-                yield order, path, detector
+                yield index, detector
                 break
 
 
 def _owners(lowered: str, starts: list[int], needles: tuple[str, ...]) -> set[int] | None:
     """Indices of the strings holding a needle, or None when there are too many hits."""
     owners: set[int] = set()
-    budget = 8
+    budget = 32
     for needle in needles:
         pos = lowered.find(needle)
         while pos >= 0:

@@ -57,8 +57,9 @@ class SimProcess:
         deadline = time.monotonic() + START_TIMEOUT_SECONDS
         while not self.port_file.exists():
             if self._process.poll() is not None or time.monotonic() > deadline:
+                code = self._process.poll()
                 self._reap()
-                raise RuntimeError(f"the sim did not start:\n{self.log_text()}")
+                raise RuntimeError(f"the sim did not start (exit {code}):\n{self.log_text()}")
             time.sleep(0.02)
         self.port = int(self.port_file.read_text().strip())
 

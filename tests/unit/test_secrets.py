@@ -42,7 +42,9 @@ def test_benign_payload_is_accepted(index: int) -> None:
 
 def test_recall_and_false_positive_rate() -> None:
     detected = sum(
-        1 for case in SECRET_CASES if SecretFinding(case.path, case.detector) in find_secrets(case.payload)
+        1
+        for case in SECRET_CASES
+        if SecretFinding(case.path, case.detector) in find_secrets(case.payload)
     )
     flagged = sum(1 for payload in BENIGN_PAYLOADS if find_secrets(payload))
     recall = detected / len(SECRET_CASES)
@@ -73,10 +75,32 @@ def test_key_name_hit_at_depth_and_in_lists() -> None:
 
 @pytest.mark.parametrize(
     "key",
-    ["password", "PASSWORD", "Passwd", "newPassword", "password_confirmation", "apiKey",
-     "API-KEY", "x_api_key", "XApiKey", "apikey", "client_secret", "clientSecret", "token",
-     "access_token", "refreshToken", "id_token", "credentials", "private_key", "privateKey",
-     "secret", "webhook_secret", "aws_secret_access_key", "session_cookie", "passphrase"],
+    [
+        "password",
+        "PASSWORD",
+        "Passwd",
+        "newPassword",
+        "password_confirmation",
+        "apiKey",
+        "API-KEY",
+        "x_api_key",
+        "XApiKey",
+        "apikey",
+        "client_secret",
+        "clientSecret",
+        "token",
+        "access_token",
+        "refreshToken",
+        "id_token",
+        "credentials",
+        "private_key",
+        "privateKey",
+        "secret",
+        "webhook_secret",
+        "aws_secret_access_key",
+        "session_cookie",
+        "passphrase",
+    ],
 )
 def test_credential_key_names(key: str) -> None:
     path = f"$.k.{key}" if key.replace("_", "a").isalnum() else f'$.k["{key}"]'
@@ -85,17 +109,51 @@ def test_credential_key_names(key: str) -> None:
 
 @pytest.mark.parametrize(
     "key",
-    ["token_count", "max_tokens", "prompt_tokens", "secret_santa_group", "password_policy",
-     "password_changed_at", "private_key_id", "public_key", "idempotency_key", "partition_key",
-     "next_page_token", "page_token", "token_type", "token_url", "secret_name", "credential_id",
-     "cookie_consent", "authorization_id", "eos_token", "key", "monkey", "tokenizer"],
+    [
+        "token_count",
+        "max_tokens",
+        "prompt_tokens",
+        "secret_santa_group",
+        "password_policy",
+        "password_changed_at",
+        "private_key_id",
+        "public_key",
+        "idempotency_key",
+        "partition_key",
+        "next_page_token",
+        "page_token",
+        "token_type",
+        "token_url",
+        "secret_name",
+        "credential_id",
+        "cookie_consent",
+        "authorization_id",
+        "eos_token",
+        "key",
+        "monkey",
+        "tokenizer",
+    ],
 )
 def test_benign_key_names(key: str) -> None:
     assert find_secrets({key: "ops-berlin"}) == []
 
 
-@pytest.mark.parametrize("value", [True, False, None, "", "   ", "********", "[REDACTED]", {}, [],
-                                   {"enabled": True}, [None, False]])
+@pytest.mark.parametrize(
+    "value",
+    [
+        True,
+        False,
+        None,
+        "",
+        "   ",
+        "********",
+        "[REDACTED]",
+        {},
+        [],
+        {"enabled": True},
+        [None, False],
+    ],
+)
 def test_credential_key_with_non_carrying_value_is_accepted(value: object) -> None:
     assert find_secrets({"password": value, "password_reset_required": value}) == []
 
@@ -135,4 +193,3 @@ def test_time_per_call_on_a_typical_payload() -> None:
     per_call = (time.perf_counter() - start) / runs
     print(f"\nsecrets: {per_call * 1e6:.0f} µs per call on a {size / 1024:.1f} KiB benign payload")
     assert per_call < 0.02  # generous bound for slow CI machines; typical is far lower
-
