@@ -3,8 +3,6 @@
 `find_secrets` walks a JSON-like payload (dicts, lists, tuples, scalars) and reports
 every place that looks like a credential, by JSON path and detector name, never by value.
 
-Two kinds of check:
-
 * Key names. A key is a credential key when, after splitting it into words (camelCase,
   ``-``, ``_``, spaces, digits) and dropping trailing neutral words (``value``, ``raw``,
   ``b64``, ``confirm``, ...), it *ends* with a credential noun: ``password``, ``passwd``,
@@ -13,12 +11,11 @@ Two kinds of check:
   ``authorization`` or ``cookie``. So ``apiKey``, ``X-API-KEY``, ``x_api_key``,
   ``client_secret`` and ``new_password`` are credential keys, but ``token_count``,
   ``max_tokens``, ``secret_santa_group``, ``password_reset_required``, ``private_key_id``,
-  ``idempotency_key`` and ``next_page_token`` are not: a trailing qualifier makes the key
-  *about* the credential, not the credential itself. A credential key is refused only if
-  its value could carry one: a non-empty string that is not a mask (``"********"``,
-  ``"[REDACTED]"``), a number, or a container holding such a string. ``true``/``false``,
-  ``null`` and empty values are accepted. ``authorization``/``cookie`` (HTTP header
-  names, also payment "authorizations") are refused only with a string value.
+  ``idempotency_key`` and ``next_page_token`` are not (a trailing qualifier makes the key
+  *about* the credential). A credential key is refused only if its value could carry one:
+  a non-empty string that is not a mask (``"****"``, ``"[REDACTED]"``), a number, or a
+  container holding such a string; ``true``/``false``, ``null`` and empty values pass.
+  ``authorization``/``cookie`` (header names; also payment objects) need a string value.
 * String values (and long keys). detect-secrets' regex plugins run first; our own patterns
   cover what detect-secrets 1.5 has no detector for; then a high-entropy check that skips
   hex digests, UUIDs and human-made identifiers (see `_high_entropy`).
@@ -28,37 +25,17 @@ from __future__ import annotations
 
 import base64
 import binascii
+import importlib
+import json
 import re
 from bisect import bisect_right
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from functools import lru_cache
-from itertools import accumulate, pairwise
+from itertools import accumulate
 from typing import Any
 
-from detect_secrets.plugins.aws import AWSKeyDetector
-from detect_secrets.plugins.azure_storage_key import AzureStorageKeyDetector
-from detect_secrets.plugins.basic_auth import BasicAuthDetector
-from detect_secrets.plugins.cloudant import CloudantDetector
-from detect_secrets.plugins.discord import DiscordBotTokenDetector
-from detect_secrets.plugins.github_token import GitHubTokenDetector
-from detect_secrets.plugins.gitlab_token import GitLabTokenDetector
 from detect_secrets.plugins.high_entropy_strings import Base64HighEntropyString
-from detect_secrets.plugins.ibm_cloud_iam import IbmCloudIamDetector
-from detect_secrets.plugins.ibm_cos_hmac import IbmCosHmacDetector
-from detect_secrets.plugins.jwt import JwtTokenDetector
-from detect_secrets.plugins.mailchimp import MailchimpDetector
-from detect_secrets.plugins.npm import NpmDetector
-from detect_secrets.plugins.openai import OpenAIDetector
-from detect_secrets.plugins.private_key import PrivateKeyDetector
-from detect_secrets.plugins.pypi_token import PypiTokenDetector
-from detect_secrets.plugins.sendgrid import SendGridDetector
-from detect_secrets.plugins.slack import SlackDetector
-from detect_secrets.plugins.softlayer import SoftlayerDetector
-from detect_secrets.plugins.square_oauth import SquareOAuthDetector
-from detect_secrets.plugins.stripe import StripeDetector
-from detect_secrets.plugins.telegram_token import TelegramBotTokenDetector
-from detect_secrets.plugins.twilio import TwilioKeyDetector
 
 from outbox.errors import SecretInPayload
 
@@ -73,40 +50,14 @@ class SecretFinding:
     detector: str  # e.g. "key_name", "aws_access_key", "jwt", "high_entropy"
 
 
-# --------------------------------------------------------------------------- key names
-
 _CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])|(?<=[A-Za-z])(?=[0-9])")
 _WORD_SPLIT = re.compile(r"[^a-z0-9]+")
-_NEUTRAL_SUFFIXES = frozenset(
-    [
-        "value",
-        "val",
-        "plain",
-        "plaintext",
-        "raw",
-        "str",
-        "string",
-        "text",
-        "b64",
-        "base64",
-        "hex",
-        "enc",
-        "encrypted",
-        "hash",
-        "hashed",
-        "digest",
-        "bytes",
-        "data",
-        "header",
-        "confirm",
-        "confirmation",
-        "again",
-        "repeat",
-        "old",
-        "new",
-        "current",
-    ]
+# Trailing words that do not change what a key holds ("password_confirmation", "apiKeyB64").
+_NEUTRAL = (
+    "value val plain plaintext raw str string text b64 base64 hex enc encrypted hash hashed "
+    "digest bytes data header confirm confirmation again repeat old new current"
 )
+_NEUTRAL_SUFFIXES = frozenset(_NEUTRAL.split())
 _SENSITIVE_TAIL = re.compile(
     r"(?:password|passwords|passwd|passphrase|secret|secrets|credentials?|authorization"
     r"|cookies?|token|(?:access|refresh|auth|api|bearer|id|session)tokens"
@@ -142,39 +93,38 @@ def _carries(value: object, strings_only: bool) -> bool:
         return not _MASKED.fullmatch(value.strip())
     if strings_only or isinstance(value, bool) or value is None:
         return False
-    if isinstance(value, int | float):
-        return True
-    if isinstance(value, dict):
-        return any(_carries(v, True) for v in value.values())
-    if isinstance(value, list | tuple):
-        return any(_carries(v, True) for v in value)
-    return False
+    if isinstance(value, dict | list | tuple):
+        children = value.values() if isinstance(value, dict) else value
+        return any(_carries(v, True) for v in children)
+    return isinstance(value, int | float)
 
 
-# ------------------------------------------------------------------------ value checks
-
+_DENSE_MIN = 32
 _Run = Callable[[str], str | None]  # returns a detector name or None
+_Valid = Callable[[re.Match[str]], bool]
 
 
 @dataclass(frozen=True)
 class _Check:
     run: _Run
-    # Cheap gate: the check can only fire if one of these (lower-case) substrings occurs in
-    # the lower-cased text. Each is a necessary condition of the check's patterns, so the
-    # gate never changes a result; it only skips regex scans (this runs on every enqueue).
+    # Speed-ups that never change a result (this runs on every enqueue): `needles` are
+    # lower-case substrings one of which any match must contain; `gate` a fast regex any
+    # text with a match also matches; `dense`: matches have no whitespace and are at least
+    # _DENSE_MIN long, so the first pass may run over such words only.
     needles: tuple[str, ...] = ()
-    gate: re.Pattern[str] | None = None  # alternatively, a fast regex that must match
-    # Its matches have no whitespace and are >= _DENSE_MIN long: pre-run over such words only.
+    gate: re.Pattern[str] | None = None
     dense: bool = False
 
 
-_DENSE_MIN = 32
-
-
-def _plugin(plugin: object, name: str, *needles: str) -> _Check:
+def _plugin(
+    where: str, name: str, *needles: str, dense: bool = False, gate: str | None = None
+) -> _Check:
+    """Wrap detect-secrets' plugin `module.Class` (under detect_secrets.plugins)."""
+    module, cls = where.split(".")
+    plugin = getattr(importlib.import_module(f"detect_secrets.plugins.{module}"), cls)()
     # RegexBasedDetector.analyze_string only runs its regexes: it reads no global settings
     # and makes no network calls (analyze_line would consult detect-secrets' settings).
-    analyze: Callable[[str], Iterator[str]] = plugin.analyze_string  # type: ignore[attr-defined]
+    analyze: Callable[[str], Iterator[str]] = plugin.analyze_string
 
     def run(text: str) -> str | None:
         for match in analyze(text):
@@ -183,41 +133,37 @@ def _plugin(plugin: object, name: str, *needles: str) -> _Check:
             return name
         return None
 
-    return _Check(run, needles)
+    return _Check(run, needles, re.compile(gate) if gate else None, dense)
 
 
+_GH = ("ghp_", "gho_", "ghu_", "ghs_", "ghr_")
 # Instantiated once at import; analysis is stateless.
 _PLUGINS: list[_Check] = [
-    # Gate: a ":" followed by the 35-character secret (literal-prefixed, so fast).
-    _Check(
-        _plugin(TelegramBotTokenDetector(), "telegram_token").run,
-        gate=re.compile(r":[0-9A-Za-z_\-]{35}"),
-        dense=True,
-    ),
-    _plugin(PrivateKeyDetector(), "private_key", "private key", "putty-user-key"),
-    _plugin(JwtTokenDetector(), "jwt", "eyj"),
-    _plugin(AWSKeyDetector(), "aws_access_key", "a3t", "abia", "acca", "akia", "asia", "aws"),
-    _plugin(AzureStorageKeyDetector(), "azure_storage_key", "accountkey="),
-    _plugin(GitHubTokenDetector(), "github_token", "ghp_", "gho_", "ghu_", "ghs_", "ghr_"),
-    _plugin(GitLabTokenDetector(), "gitlab_token", "gl", "gr1348941"),
-    _plugin(SlackDetector(), "slack_token", "xox", "hooks.slack.com"),
-    _plugin(StripeDetector(), "stripe_key", "k_live_"),
-    _plugin(SendGridDetector(), "sendgrid_key", "sg."),
-    _Check(_plugin(TwilioKeyDetector(), "twilio_key").run, dense=True),
-    _plugin(NpmDetector(), "npm_token", "_authtoken="),
-    _plugin(OpenAIDetector(), "openai_key", "t3blbkfj"),
-    _plugin(PypiTokenDetector(), "pypi_token", "pypi-age"),
-    _Check(_plugin(DiscordBotTokenDetector(), "discord_token").run, dense=True),
-    _plugin(MailchimpDetector(), "mailchimp_key", "-us"),
-    _plugin(SquareOAuthDetector(), "square_oauth", "sq0csp-"),
+    _plugin("private_key.PrivateKeyDetector", "private_key", "private key", "putty-user-key"),
+    _plugin("jwt.JwtTokenDetector", "jwt", "eyj"),
+    _plugin("aws.AWSKeyDetector", "aws_access_key", "a3t", "abia", "acca", "akia", "asia", "aws"),
+    _plugin("azure_storage_key.AzureStorageKeyDetector", "azure_storage_key", "accountkey="),
+    _plugin("github_token.GitHubTokenDetector", "github_token", *_GH),
+    _plugin("gitlab_token.GitLabTokenDetector", "gitlab_token", "gl", "gr1348941"),
+    _plugin("slack.SlackDetector", "slack_token", "xox", "hooks.slack.com"),
+    _plugin("stripe.StripeDetector", "stripe_key", "k_live_"),
+    _plugin("sendgrid.SendGridDetector", "sendgrid_key", "sg."),
+    _plugin("twilio.TwilioKeyDetector", "twilio_key", dense=True),
+    _plugin("npm.NpmDetector", "npm_token", "_authtoken="),
+    _plugin("openai.OpenAIDetector", "openai_key", "t3blbkfj"),
+    _plugin("pypi_token.PypiTokenDetector", "pypi_token", "pypi-age"),
+    _plugin("discord.DiscordBotTokenDetector", "discord_token", dense=True),
+    _plugin("mailchimp.MailchimpDetector", "mailchimp_key", "-us"),
+    _plugin("square_oauth.SquareOAuthDetector", "square_oauth", "sq0csp-"),
+    _plugin("telegram_token.TelegramBotTokenDetector", "telegram_token", gate=r":[\w\-]{35}"),
     # These four match "<keyword> = <value>" assignments; we run them only when the
     # vendor is named (their keyword prefix is optional, and their regexes are the slowest;
     # a vendor-less "api_key=..." is covered by inline_credential below).
-    _plugin(IbmCloudIamDetector(), "ibm_cloud_iam", "ibm"),
-    _plugin(IbmCosHmacDetector(), "ibm_cos_hmac", "ibm", "cos"),
-    _plugin(CloudantDetector(), "cloudant", "cloudant"),
-    _plugin(SoftlayerDetector(), "softlayer", "softlayer", "sl_", "sl-"),
-    _plugin(BasicAuthDetector(), "basic_auth_url", "://"),
+    _plugin("ibm_cloud_iam.IbmCloudIamDetector", "ibm_cloud_iam", "ibm"),
+    _plugin("ibm_cos_hmac.IbmCosHmacDetector", "ibm_cos_hmac", "ibm", "cos"),
+    _plugin("cloudant.CloudantDetector", "cloudant", "cloudant"),
+    _plugin("softlayer.SoftlayerDetector", "softlayer", "softlayer", "sl_", "sl-"),
+    _plugin("basic_auth.BasicAuthDetector", "basic_auth_url", "://"),
     # Not used: ArtifactoryDetector (its "AP[0-9A-F]..." password pattern matches order
     # and product codes like "APB4471902233"; real Artifactory tokens are long and random,
     # so the entropy check catches them), KeywordDetector (code-oriented: "password: can
@@ -226,9 +172,33 @@ _PLUGINS: list[_Check] = [
 ]
 
 
-def _regex(name: str, pattern: str, *needles: str) -> _Check:
+def _regex(name: str, pattern: str, *needles: str, valid: _Valid | None = None) -> _Check:
     compiled = re.compile(pattern)
-    return _Check(lambda text: name if compiled.search(text) else None, needles)
+
+    def run(text: str) -> str | None:
+        hit = any(valid is None or valid(m) for m in compiled.finditer(text))
+        return name if hit else None
+
+    return _Check(run, needles)
+
+
+def _basic_valid(m: re.Match[str]) -> bool:
+    """`Basic <base64>` must decode to a printable "user:password"."""
+    try:
+        raw = base64.b64decode(m.group(1) + "=" * (-len(m.group(1)) % 4), validate=True)
+        decoded = raw.decode("ascii")
+    except (binascii.Error, UnicodeDecodeError):
+        return False
+    return ":" in decoded and decoded.isprintable()
+
+
+_PLACEHOLDER = re.compile(r"[A-Z_]+|[a-z_]+|[*x•.]+|<[^>]*>|\{+[^}]*\}+|\$\{?\w+\}?|%\w+%?")
+_NOT_A_WORD = re.compile(r"[0-9\W_]")
+
+
+def _inline_valid(m: re.Match[str]) -> bool:
+    """Not a placeholder ("YOUR_API_KEY", "<token>", "${TOKEN}") nor a plain word."""
+    return not _PLACEHOLDER.fullmatch(m.group(1)) and bool(_NOT_A_WORD.search(m.group(1)))
 
 
 # Our own patterns, only for what detect-secrets 1.5 has no detector for.
@@ -238,70 +208,33 @@ _OWN: list[_Check] = [
     _regex("github_token", r"\bgithub_pat_[0-9A-Za-z_]{60,}", "github_pat_"),  # fine-grained
     _regex("npm_token", r"\bnpm_[A-Za-z0-9]{36}\b", "npm_"),  # detect-secrets: .npmrc only
     _regex(
-        "stripe_key",
-        r"\b(?:[sr]k_test_[0-9A-Za-z]{24,}|whsec_[A-Za-z0-9+/=]{24,})",
-        "k_test_",
-        "whsec_",
+        "stripe_key", r"\b(?:[sr]k_test_[0-9A-Za-z]{24,}|whsec_[\w+/=]{24,})", "k_test_", "whsec_"
     ),
     _regex("anthropic_key", r"\bsk-ant-[a-z]+\d*-[A-Za-z0-9_\-]{32,}", "sk-ant-"),
     _regex("openai_key", r"\bsk-(?:proj-|svcacct-|admin-)?[A-Za-z0-9_\-]{32,}", "sk-"),
     _regex("slack_token", r"\bxapp-\d-[A-Z0-9]+-\d+-[a-z0-9]{16,}", "xapp-"),  # app-level
-    _regex(
-        "discord_webhook", r"discord(?:app)?\.com/api/webhooks/\d+/[A-Za-z0-9_\-]{20,}", "discord"
-    ),
+    _regex("discord_webhook", r"discord(?:app)?\.com/api/webhooks/\d+/[\w\-]{20,}", "discord"),
     _regex("gcp_api_key", r"\bAIza[0-9A-Za-z_\-]{35}", "aiza"),
-    _regex(
-        "gcp_oauth",
-        r"\b(?:GOCSPX-[0-9A-Za-z_\-]{20,}|ya29\.[0-9A-Za-z_\-]{20,})",
-        "gocspx-",
-        "ya29.",
-    ),
+    _regex("gcp_oauth", r"\b(?:GOCSPX-|ya29\.)[0-9A-Za-z_\-]{20,}", "gocspx-", "ya29."),
     _regex("azure_sas", r"[?&]sig=[A-Za-z0-9%+/=]{20,}", "sig="),
     _regex("huggingface_token", r"\bhf_[A-Za-z]{34}\b", "hf_"),
     _regex("bearer_token", r"(?i)\bbearer\s+[A-Za-z0-9\-._~+/]{16,}=*", "bearer"),
+    _regex(
+        "basic_auth_header",
+        r"(?i)\bbasic\s+([A-Za-z0-9+/]{6,}={0,2})(?![A-Za-z0-9+/=])",
+        "basic",
+        valid=_basic_valid,
+    ),
+    # "password=..." / "api_key: ..." inside text: connection strings, query strings, prose.
+    _regex(
+        "inline_credential",
+        r"(?i)(?<![a-z0-9])(?:pass(?:word|wd)|pwd|secret|api[_-]?key|client[_-]?secret"
+        r"|(?:access|refresh|auth|session)[_-]?token|(?<![a-z0-9_])token)"
+        r"\s*[:=]\s*[\"']?([^\s\"';,&<>]{6,})",
+        *("pass", "pwd", "secret", "api", "token"),
+        valid=_inline_valid,
+    ),
 ]
-
-_BASIC = re.compile(r"(?i)\bbasic\s+([A-Za-z0-9+/]{6,}={0,2})(?![A-Za-z0-9+/=])")
-
-
-def _basic_auth_header(text: str) -> str | None:
-    """`Basic <base64>` whose base64 decodes to a printable "user:password"."""
-    for m in _BASIC.finditer(text):
-        encoded = m.group(1)
-        try:
-            plain = base64.b64decode(encoded + "=" * (-len(encoded) % 4), validate=True)
-            decoded = plain.decode("ascii")
-        except (binascii.Error, UnicodeDecodeError):
-            continue
-        if ":" in decoded and decoded.isprintable():
-            return "basic_auth_header"
-    return None
-
-
-# "password=..." / "api_key: ..." inside text: connection strings, query strings, tickets.
-_INLINE = re.compile(
-    r"(?i)(?<![a-z0-9])(?:pass(?:word|wd)|pwd|secret|api[_-]?key|client[_-]?secret"
-    r"|(?:access|refresh|auth|session)[_-]?token|(?<![a-z0-9_])token)"
-    r"\s*[:=]\s*[\"']?([^\s\"';,&<>]{6,})"
-)
-_PLACEHOLDER = re.compile(r"[A-Z_]+|[a-z_]+|[*x•.]+|<[^>]*>|\{+[^}]*\}+|\$\{?\w+\}?|%\w+%?")
-_NOT_A_WORD = re.compile(r"[0-9\W_]")
-
-
-def _inline_credential(text: str) -> str | None:
-    """The value must not be a placeholder ("YOUR_API_KEY", "<token>") or a plain word."""
-    for m in _INLINE.finditer(text):
-        value = m.group(1)
-        if not _PLACEHOLDER.fullmatch(value) and _NOT_A_WORD.search(value):
-            return "inline_credential"
-    return None
-
-
-_OWN += [
-    _Check(_basic_auth_header, ("basic",)),
-    _Check(_inline_credential, ("pass", "pwd", "secret", "api", "token")),
-]
-
 
 _ENTROPY = Base64HighEntropyString()
 _CANDIDATE = re.compile(r"[A-Za-z0-9+/=_\-]{32,}")
@@ -313,13 +246,7 @@ _MIN_SEGMENT = 16
 # (< 0.35 for about 1 in 1000 random 32-char strings, rarer when longer); camelCase
 # identifiers like "getUserAccountDetailsForCustomer2024" stay around 0.3.
 _MIN_SWITCHES = 0.35
-
-
-def _class_switches(run: str) -> int:
-    classes = [
-        "u" if c.isupper() else "l" if c.islower() else "d" if c.isdigit() else "o" for c in run
-    ]
-    return sum(a != b for a, b in pairwise(classes))
+_CLASS_RUNS = re.compile(r"[A-Z]+|[a-z]+|[0-9]+|[^A-Za-z0-9]+")
 
 
 def _high_entropy(text: str) -> str | None:
@@ -329,63 +256,52 @@ def _high_entropy(text: str) -> str | None:
     dashes (sha1/sha256 digests, git SHAs, UUIDs), mixes upper case, lower case and
     digits, has a separator-free stretch of >= 16 characters (human-made identifiers like
     "Q3_2024_Revenue_Report_FINAL_v2" are short words joined by "_"/"-"/"/"), switches
-    character class often (not camelCase words), and whose Shannon entropy (detect-secrets' calculation) exceeds 4.0 bits per character.
+    character class often (not camelCase words), and whose Shannon entropy (detect-secrets'
+    calculation) exceeds 4.0 bits per character.
     Runs inside URL paths are skipped (document ids like Google Drive's live there;
     credential-bearing URLs are caught by the specific detectors above).
     """
     for m in _CANDIDATE.finditer(text):
         run = m.group(0).strip("=")
-        if len(run) < 32 or _HEXISH.fullmatch(run):
-            continue
-        if not (any(c.isupper() for c in run) and any(c.islower() for c in run)):
-            continue
-        if not any(c.isdigit() for c in run):
-            continue
-        if max(len(s) for s in _SEPARATORS.split(run)) < _MIN_SEGMENT:
-            continue
-        if _class_switches(run) < _MIN_SWITCHES * (len(run) - 1):
-            continue
-        if _in_url_path(text, m.start()):
-            continue
-        if _ENTROPY.calculate_shannon_entropy(run) > _ENTROPY_LIMIT:
+        if (
+            len(run) >= 32
+            and not _HEXISH.fullmatch(run)
+            and not run.isupper()
+            and not run.islower()
+            and any(c.isdigit() for c in run)
+            and max(len(s) for s in _SEPARATORS.split(run)) >= _MIN_SEGMENT
+            and len(_CLASS_RUNS.findall(run)) - 1 >= _MIN_SWITCHES * (len(run) - 1)
+            and not _in_url_path(text, m.start())
+            and _ENTROPY.calculate_shannon_entropy(run) > _ENTROPY_LIMIT
+        ):
             return "high_entropy"
     return None
 
 
 def _in_url_path(text: str, pos: int) -> bool:
-    """Is `pos` inside the host/path part (not the query) of an http(s) URL?"""
-    head = text[:pos]
-    scheme = max(head.rfind("http://"), head.rfind("https://"))
-    if scheme < 0:
-        return False
-    between = head[scheme:]
-    return not any(c.isspace() or c in "?#\"'<>" for c in between)
+    """Is `pos` inside the host/path part (not the query) of a URL?"""
+    scheme = text.rfind("://", 0, pos)
+    return scheme >= 0 and not any(c.isspace() or c in "?#\"'<>" for c in text[scheme:pos])
 
 
 _VALUE_CHECKS: list[_Check] = [*_PLUGINS, *_OWN, _Check(_high_entropy, dense=True)]
 _MIN_LEN = 7  # the shortest pattern above ("://u:p@") needs 7 characters
 
 
-# -------------------------------------------------------------------------------- walk
-
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-# A path is built lazily as a linked list (parent, segment); only findings are formatted.
-# A segment is a dict key, a list index, or (index,) for a dict key that must not be shown.
+# Paths are linked lists (parent, segment), formatted only for findings; a segment is a
+# dict key, a list index, or (index,) for a dict key that must not be shown.
 _Path = tuple["_Path", "str | int | tuple[int]"] | None
 
 
 def _format(path: _Path) -> str:
     parts: list[str] = []
     while path is not None:
-        path, segment = path
-        if isinstance(segment, int):
-            parts.append(f"[{segment}]")
-        elif isinstance(segment, tuple):
-            parts.append(f"[<key {segment[0]}>]")
-        elif _IDENT.fullmatch(segment):
-            parts.append(f".{segment}")
+        path, seg = path
+        if isinstance(seg, str):
+            parts.append(f".{seg}" if _IDENT.fullmatch(seg) else f"[{json.dumps(seg)}]")
         else:
-            parts.append('["' + segment.replace("\\", "\\\\").replace('"', '\\"') + '"]')
+            parts.append(f"[{seg}]" if isinstance(seg, int) else f"[<key {seg[0]}>]")
     return "$" + "".join(reversed(parts))
 
 
@@ -434,24 +350,21 @@ def _scan_strings(strings: list[tuple[int, str]]) -> Iterator[tuple[int, str]]:
     """(item index, detector) for each string that a check fires on (the first check wins)."""
     if not strings:
         return
-    # Each check runs once over all strings joined by newlines (no pattern spans a newline)
-    # or, when its needles occur only a few times, over just the strings holding them;
-    # a check that fires is re-run string by string to find the path.
+    # Each check runs once over all strings joined by newlines (no pattern spans one), or
+    # just over the strings holding its needles; if it fires, string by string for the path.
     texts = [text for _, text in strings]
     lowered_parts = [text.lower() for text in texts]
     starts = list(accumulate((len(part) + 1 for part in lowered_parts[:-1]), initial=0))
     joined, lowered = "\n".join(texts), "\n".join(lowered_parts)
-    dense: str | None = None
+    # Whitespace-free words long enough to hold a `dense` check's match.
+    dense = "\n".join(word for word in joined.split() if len(word) >= _DENSE_MIN)
     hits: dict[int, list[_Run]] = {}  # position in `strings` -> checks that fired there
     for check in _VALUE_CHECKS:
-        owners = _owners(lowered, starts, check.needles) if check.needles else None
+        owners: Iterable[int] | None = None
+        if check.needles:
+            owners = _owners(lowered, starts, check.needles)
         if owners is None:
-            if check.dense:
-                if dense is None:  # whitespace-free words long enough to hold a match
-                    dense = "\n".join(w for w in joined.split() if len(w) >= _DENSE_MIN)
-                target = dense
-            else:
-                target = joined
+            target = dense if check.dense else joined
             if (check.gate is not None and not check.gate.search(target)) or not check.run(target):
                 continue
             owners = range(len(texts))
@@ -482,11 +395,6 @@ def _owners(lowered: str, starts: list[int], needles: tuple[str, ...]) -> set[in
 
 
 def check_no_secrets(payload: object) -> None:
-    """Raise SecretInPayload(path=..., detector=...) for the first finding, if any.
-
-    The message names the path and the detector only, never the value.
-    """
-    findings = find_secrets(payload)
-    if findings:
-        first = findings[0]
-        raise SecretInPayload(path=first.path, detector=first.detector)
+    """Raise SecretInPayload(path=..., detector=...) for the first finding: never the value."""
+    for finding in find_secrets(payload):
+        raise SecretInPayload(path=finding.path, detector=finding.detector)

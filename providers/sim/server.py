@@ -69,6 +69,7 @@ class SimHandler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server: SimServer
     server_version = "outboxd-sim"
+    disable_nagle_algorithm = True  # headers and body go out as separate writes
 
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("sim %s", format % args)

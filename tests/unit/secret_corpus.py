@@ -210,7 +210,8 @@ def _secret_cases() -> list[SecretCase]:
         _case(
             "slack_webhook",
             "slack_webhook",
-            f"https://hooks.slack.com/services/T{_r(8, _UPPER + _DIGITS)}/B{_r(10, _UPPER + _DIGITS)}/{_r(24)}",
+            "https://hooks.slack.com/services/"
+            f"T{_r(8, _UPPER + _DIGITS)}/B{_r(10, _UPPER + _DIGITS)}/{_r(24)}",
         ),
         _case("twilio_key", "twilio_key", "SK" + _r(32, _HEX)),
         _case("twilio_key", "twilio_key", "AC" + _r(32, _HEX), fmt="account {} / auth pending"),

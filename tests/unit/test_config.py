@@ -109,7 +109,8 @@ port = 0
 [retention]
 enabled = true
 payload_days = 7.5
-""" + PROVIDER,
+"""
+        + PROVIDER,
     )
     cfg = load_config(path, {})
     assert isinstance(cfg, Config)

@@ -1,0 +1,38 @@
+# outboxd: `make demo` and `make test` are the only set-up a user needs.
+.DEFAULT_GOAL := help
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml
+	test -d $(VENV) || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[test]'
+	touch $(STAMP)
+
+install: $(STAMP) ## create .venv and install outboxd with its test extra
+
+lint: $(STAMP) ## ruff and mypy --strict
+	$(BIN)/ruff check outbox dispatcher providers tests
+	$(BIN)/mypy
+
+test: $(STAMP) lint ## set up, lint, and run the whole test suite
+	$(BIN)/pytest -q -p no:cacheprovider
+
+demo: $(STAMP) ## run the whole promise on the embedded SQLite default
+	$(BIN)/outboxd demo
+
+bench: $(STAMP) ## side-by-side throughput ratios (needs PostgreSQL)
+	$(BIN)/python -m bench
+
+soak: $(STAMP) ## the long seeded chaos soak
+	$(BIN)/python -m tests.chaos.soak
+
+clean: ## remove the virtualenv and caches
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache build *.egg-info
+
+.PHONY: help install lint test demo bench soak clean
