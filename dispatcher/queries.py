@@ -221,16 +221,13 @@ def operation_transition_many(
             ),
             last_outcome=sa.func.coalesce(b("b_outcome", type_=sa.Text), ops.c.last_outcome),
             next_attempt_at=sa.case(
-                (b("b_delay", type_=sa.Float).is_(None), None),
-                else_=db_now(b("b_delay", type_=sa.Float)),
+                (sa.cast(b("b_delay"), sa.Float).is_(None), None),
+                else_=db_now(sa.cast(b("b_delay"), sa.Float)),
             ),
             payload_digest=sa.func.coalesce(ops.c.payload_digest, b("b_digest", type_=sa.Text)),
+            # the lease ends with the transition, except while a send is still in flight
             lease_owner=sa.case(
-                (b("b_status") == S.PENDING.value, None),
-                (b("b_status") == S.UNKNOWN.value, None),
-                (b("b_status") == S.BLOCKED.value, None),
-                (b("b_status") == S.CANCELLED.value, None),
-                else_=ops.c.lease_owner,
+                (b("b_status") == S.DISPATCHING.value, ops.c.lease_owner), else_=None
             ),
             lease_expires_at=sa.case(
                 (b("b_status") == S.DISPATCHING.value, ops.c.lease_expires_at), else_=None

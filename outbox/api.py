@@ -63,6 +63,34 @@ def _insert(conn: Connection) -> Any:
     return dialect.insert
 
 
+_MAX_SAFE_INTEGER = 2**53 - 1
+
+
+def _unportable(value: Any, path: str = "$") -> str | None:
+    """The JSON path of the first value that does not survive a round trip through both
+    dialects, else None: a NUL character (PostgreSQL's jsonb refuses it), or an integral
+    float beyond 2**53 (jsonb returns it as an integer, which RFC 8785 cannot digest, so
+    the row read back could never be admitted)."""
+    if isinstance(value, str):
+        return path if "\x00" in value else None
+    if isinstance(value, float):
+        return path if value.is_integer() and abs(value) > _MAX_SAFE_INTEGER else None
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            sub = f"{path}.{key}"
+            if isinstance(key, str) and "\x00" in key:
+                return sub
+            found = _unportable(item, sub)
+            if found is not None:
+                return found
+    elif isinstance(value, list | tuple):
+        for i, item in enumerate(value):
+            found = _unportable(item, f"{path}[{i}]")
+            if found is not None:
+                return found
+    return None
+
+
 def _prepare(
     tenant_id: str, task_id: str, op: StagedOperation, max_payload_bytes: int
 ) -> dict[str, Any]:
@@ -100,6 +128,13 @@ def _prepare(
                 operation_id=op.operation_id,
                 size=size,
                 limit=max_payload_bytes,
+            )
+        unportable = _unportable(op.payload)
+        if unportable is not None:
+            raise errors.InvalidPayload(
+                "the payload holds a value the database cannot store and return unchanged",
+                operation_id=op.operation_id,
+                path=unportable,
             )
         check_no_secrets(op.payload)
         computed = payload_digest(dict(op.payload))
