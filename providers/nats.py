@@ -134,7 +134,7 @@ class NatsProvider:
                     allow_reconnect=True, max_reconnect_attempts=-1,
                     **(connect_options or {}),
                 ),
-                connect_timeout_seconds * 2 + 5,
+                connect_timeout_seconds + 1,
             )
         except Exception as exc:
             self._loop.stop()
