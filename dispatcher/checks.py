@@ -12,12 +12,13 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Protocol
+from typing import Any, Protocol
 
 from sqlalchemy.engine import Connection
 
 from dispatcher import outcomes
 from outbox.admission import admit
+from outbox.artifacts import ArtifactStore
 from outbox.records import OperationRecord
 from outbox.states import OperationStatus
 from providers.base import Provider
@@ -33,13 +34,30 @@ class Verdict:
     reason: str | None = None
     digest: str | None = None
     dedup_refused: bool = False
+    payload: Mapping[str, Any] | None = None
+    """What is sent: the inline payload, or the resolved and verified artifact."""
+    detail: str | None = None
+
+
+class Refusal(str):
+    """A blocked reason (it *is* the reason string) with detail for the event log."""
+
+    detail: Mapping[str, Any] | None
+
+    def __new__(cls, reason: str, detail: Mapping[str, Any] | None = None) -> Refusal:
+        obj = super().__new__(cls, reason)
+        obj.detail = detail
+        return obj
 
 
 class AuthorityCheck(Protocol):
     def check(
         self, conn: Connection, rows: Sequence[OperationRecord], now: datetime
     ) -> Mapping[int, str]:
-        """Return ``{id: blocked_reason}`` for rows that may not be dispatched now."""
+        """Return ``{id: blocked_reason}`` for rows that may not be dispatched now (a
+        :class:`Refusal` adds detail to the event). ``rows`` carry the payload that would
+        be sent (a resolved artifact in place of ``payload``). A refused row whose last
+        attempt may have been applied goes to ``unknown`` for reconciliation instead."""
         ...
 
     def consume(self, conn: Connection, rows: Sequence[OperationRecord], token: int) -> None:
@@ -66,8 +84,10 @@ def pre_dispatch(
     max_payload_bytes: int,
     margin: float,
     now: datetime,
+    artifacts: ArtifactStore | None = None,
 ) -> Verdict:
-    """The dispatcher's own checks for one claimed row (no I/O)."""
+    """The dispatcher's own checks for one claimed row (no database I/O; an artifact is
+    read from ``artifacts``)."""
     provider = providers.get(op.provider)
     caps = provider.capabilities if provider is not None else None
     adm = admit(
@@ -75,9 +95,10 @@ def pre_dispatch(
         known_providers=providers.keys(),
         max_payload_bytes=max_payload_bytes,
         supported_schemas=caps.payload_schemas if caps else None,
+        artifacts=artifacts,
     )
     if not adm.ok:
-        return Verdict(S.BLOCKED, adm.reason)
+        return Verdict(S.BLOCKED, adm.reason, detail=adm.detail)
     assert caps is not None
     policy = outcomes.policy_for(caps, op.max_attempts, op.max_elapsed_seconds)
     spent = policy.budget_left(
@@ -90,4 +111,4 @@ def pre_dispatch(
         caps, margin, op.first_dispatched_at, now
     ):
         return Verdict(S.UNKNOWN, outcomes.DEDUP_WINDOW_PASSED, adm.digest, dedup_refused=True)
-    return Verdict(None, None, adm.digest)
+    return Verdict(None, None, adm.digest, payload=adm.payload)

@@ -125,7 +125,12 @@ _extensions: list[Callable[[argparse._SubParsersAction[_Parser]], None]] = []
 def _load_extensions() -> None:
     import importlib
 
-    for module in ("dispatcher.opscli", "dispatcher.demo_cli", "dispatcher.purge_cli"):
+    for module in (
+        "dispatcher.opscli",
+        "dispatcher.demo_cli",
+        "dispatcher.purge_cli",
+        "dispatcher.approvecli",
+    ):
         try:
             mod = importlib.import_module(module)
         except ModuleNotFoundError as exc:

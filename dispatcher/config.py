@@ -136,6 +136,14 @@ class RetentionConfig:
 
 
 @dataclass(frozen=True)
+class ArtifactsConfig:
+    root: str | None = field(default=None, metadata={"check": _check_nonempty})
+    """Directory of the built-in local artifact store: an operation's ``payload_ref`` is a
+    relative path below it. Relative to the configuration file's directory (or the working
+    directory without one). None: rows with ``payload_ref`` are blocked ``artifact_missing``."""
+
+
+@dataclass(frozen=True)
 class Config:
     database: DatabaseConfig
     dispatcher: DispatcherConfig
@@ -146,6 +154,7 @@ class Config:
     string ``kind``. Everything else is validated by the provider registry."""
     source: str | None
     """Path of the file read, or None."""
+    artifacts: ArtifactsConfig = field(default_factory=ArtifactsConfig)
 
 
 _SECTIONS: dict[str, type[Any]] = {
@@ -153,6 +162,7 @@ _SECTIONS: dict[str, type[Any]] = {
     "dispatcher": DispatcherConfig,
     "metrics": MetricsConfig,
     "retention": RetentionConfig,
+    "artifacts": ArtifactsConfig,
 }
 _Value = tuple[Any, str | None, bool]  # (raw value, source, came from the environment)
 

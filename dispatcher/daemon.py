@@ -27,13 +27,15 @@ import sqlalchemy as sa
 from apscheduler.schedulers.background import BackgroundScheduler
 from sqlalchemy.engine import Engine
 
-from dispatcher import gauges, httpserver
+from dispatcher import gauges, httpserver, metrics
+from dispatcher.authority import Authority, artifact_store
 from dispatcher.config import Config
 from dispatcher.reconcile import Reconciler
 from dispatcher.recovery import LeaseRecovery
-from dispatcher.worker import Worker, WorkerSettings
+from dispatcher.worker import RECORD_LINGER_SECONDS, Worker, WorkerSettings
 from outbox import db, migrate
 from outbox.ddl import NOTIFY_CHANNEL
+from outbox.errors import MigrationError
 from providers.base import Provider
 from providers.registry import build_providers, close_providers
 
@@ -55,6 +57,8 @@ class Daemon:
     ) -> None:
         self.config = config
         d = config.dispatcher
+        if authority is None:  # imports configured policies: a bad one stops start-up here
+            authority = Authority.from_config(config)
         self.worker_id = d.worker_id or default_worker_id()
         self.engine: Engine = db.create_engine(
             config.database.url,
@@ -77,11 +81,13 @@ class Daemon:
                 max_payload_bytes=config.database.max_payload_bytes,
             ),
             authority=authority,
+            artifacts=artifact_store(config),
         )
         self.recovery = LeaseRecovery(self.engine, actor=self.worker_id)
         self.reconciler = Reconciler(self.engine, self.providers, actor=self.worker_id)
         self.health = httpserver.Health(wedged_after=max(60.0, d.lease_seconds * 2))
         self.health.ready_check = self._ready_problem
+        self.gauges = gauges.GaugeRefresher(self.engine)
         self.stopping = threading.Event()
         self._server: Any = None
 
@@ -89,8 +95,10 @@ class Daemon:
     def _ready_problem(self) -> str | None:
         try:
             migrate.check_current(self.engine, self.config.database.schema)
-        except Exception as exc:
-            return f"database: {type(exc).__name__}: {exc}"[:300]
+        except MigrationError as exc:
+            return f"migrations: {exc}"[:300]
+        except Exception as exc:  # the class only: a driver's message may quote SQL or DSNs
+            return f"database unreachable: {type(exc).__name__}"
         if not self.providers:
             return "no providers configured"
         return None
@@ -111,8 +119,10 @@ class Daemon:
     def run(self, *, once: bool = False) -> int:
         migrate.check_current(self.engine, self.config.database.schema)
         m = self.config.metrics
+        metrics.init_labels(self.providers)
         if m.enabled and not once:
             self._server = httpserver.serve(m.host, m.port, self.health)
+            self._guarded("gauges", self.gauges)
         self._guarded("startup recovery", self.recovery.run_once)
         self._guarded("startup reconciliation", self.reconciler.run_once)
         scheduler = None if once else self._start_scheduler()
@@ -160,7 +170,7 @@ class Daemon:
             if once and claimed == 0 and recorded == 0 and self.worker.in_flight() == 0:
                 return
             if claimed == 0 and recorded == 0:
-                self.worker.kick.wait(poll)
+                self.worker.kick.wait(RECORD_LINGER_SECONDS if self.worker.has_done() else poll)
                 self.worker.kick.clear()
 
     def _guarded(self, what: str, fn: Callable[[], object]) -> None:
@@ -175,7 +185,7 @@ class Daemon:
         jobs: list[tuple[str, Callable[[], object], float]] = [
             ("lease recovery", self.recovery.run_once, d.recovery_interval_seconds),
             ("reconciliation", self._reconcile_and_kick, d.reconcile_interval_seconds),
-            ("gauges", lambda: gauges.refresh(self.engine), m.gauge_refresh_seconds),
+            ("gauges", self.gauges, m.gauge_refresh_seconds),
         ]
         for name, fn, every in jobs:
             scheduler.add_job(

@@ -40,7 +40,8 @@ def serve(host: str, port: int, health: Health) -> ThreadingHTTPServer:
                 self._send(200, generate_latest(REGISTRY), CONTENT_TYPE_LATEST)
             elif self.path.startswith("/healthz"):
                 ok = health.alive()
-                self._json(200 if ok else 503, {"alive": ok})
+                since = round(time.monotonic() - health.last_beat, 3)
+                self._json(200 if ok else 503, {"alive": ok, "loop_seconds_since_beat": since})
             elif self.path.startswith("/readyz"):
                 problem = health.ready_check()
                 self._json(

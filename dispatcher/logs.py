@@ -68,6 +68,16 @@ def setup(level: str = "INFO", fmt: str = "auto") -> None:
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
     root.propagate = False
+    # Libraries' own warnings and errors go through the same formatter (one JSON object per
+    # line, never a bare traceback); their INFO/DEBUG chatter (request URLs, SQL) does not.
+    third_party = logging.StreamHandler(sys.stderr)
+    third_party.setFormatter(handler.formatter)
+    third_party.setLevel(logging.WARNING)
+    third_party.set_name("outboxd-third-party")
+    top = logging.getLogger()
+    for old in [h for h in top.handlers if h.get_name() == "outboxd-third-party"]:
+        top.removeHandler(old)
+    top.addHandler(third_party)
     for noisy in ("httpx", "httpcore"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     # "job skipped: maximum number of running instances" is expected back-pressure.

@@ -7,7 +7,11 @@ after a restart. Labels carry identifiers (provider, outcome, reason), never pay
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from providers.base import LookupKind, OutcomeKind
 
 REGISTRY = CollectorRegistry(auto_describe=True)
 
@@ -95,3 +99,32 @@ DEDUP_WINDOW_REFUSALS = Counter(
 BLOCKED_OPERATIONS = Gauge(
     "outbox_blocked_operations", "Blocked operations by reason.", ["reason"], registry=REGISTRY
 )
+GAUGES_REFRESHED = Gauge(
+    "outbox_gauges_refreshed_timestamp_seconds",
+    "Unix time of the last successful refresh of the database gauges (stale gauges: the "
+    "database is unreachable or the refresh job is stuck).",
+    registry=REGISTRY,
+)
+
+#: Label values known in advance. Their series are created at zero on start so that rates,
+#: ratios and alerts see ``0`` rather than an absent series before the first event.
+OUTCOMES = tuple(k.value for k in OutcomeKind)
+DUPLICATE_SOURCES = ("receiver_replay", "reconcile_found_applied")
+LEASE_PHASES = ("claimed", "dispatching")
+RECONCILE_RESULTS = tuple(k.value for k in LookupKind)
+
+
+def init_labels(providers: Iterable[str]) -> None:
+    """Create every known series at zero for the configured providers."""
+    for phase in LEASE_PHASES:
+        LEASE_EXPIRATIONS.labels(phase)
+    for provider in providers:
+        for outcome in OUTCOMES:
+            DISPATCH_ATTEMPTS.labels(provider, outcome)
+        for source in DUPLICATE_SOURCES:
+            DUPLICATES_SUPPRESSED.labels(provider, source)
+        for result in RECONCILE_RESULTS:
+            RECONCILIATIONS.labels(provider, result)
+        RETRIES.labels(provider)
+        DEDUP_WINDOW_REFUSALS.labels(provider)
+        DISPATCH_DURATION.labels(provider)

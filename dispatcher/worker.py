@@ -16,7 +16,7 @@ import time
 from collections import defaultdict
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
@@ -25,11 +25,13 @@ from sqlalchemy.engine import Engine
 from dispatcher import failpoints, journal, metrics, outcomes
 from dispatcher import queries as q
 from dispatcher.checks import AuthorityCheck, NoAuthority, pre_dispatch
+from outbox.artifacts import ArtifactStore
 from outbox.records import OperationRecord
 from outbox.states import OperationStatus
 from providers.base import Dispatch, Outcome, OutcomeKind, Provider, TransportPhase
 
 log = logging.getLogger("outboxd.dispatch")
+RECORD_LINGER_SECONDS = 0.01
 S = OperationStatus
 
 
@@ -46,6 +48,7 @@ class InFlight:
     extended_at: float = field(default_factory=time.monotonic)
     outcome: Outcome | None = None
     duration: float = 0.0
+    payload: Mapping[str, Any] | None = None  # what is sent (a resolved artifact, verified)
 
 
 @dataclass(frozen=True)
@@ -65,16 +68,19 @@ class Worker:
         providers: Mapping[str, Provider],
         settings: WorkerSettings,
         authority: AuthorityCheck | None = None,
+        artifacts: ArtifactStore | None = None,
     ) -> None:
         self.engine = engine
         self.providers = providers
         self.s = settings
         self.authority: AuthorityCheck = authority or NoAuthority()
+        self.artifacts = artifacts
         self.kick = threading.Event()
         self._pool = ThreadPoolExecutor(settings.concurrency, thread_name_prefix="outboxd-send")
         self._inflight: dict[int, InFlight] = {}
         self._done: queue.SimpleQueue[InFlight] = queue.SimpleQueue()
         self._unrecorded: list[InFlight] = []
+        self._oldest_done: float | None = None
 
     # -- claim and dispatch ------------------------------------------------------------
     def free_slots(self) -> int:
@@ -83,24 +89,29 @@ class Worker:
     def in_flight(self) -> int:
         return len(self._inflight)
 
+    def _batch(self) -> int:
+        return max(1, min(self.s.batch_size, self.s.concurrency))
+
     def claim_and_dispatch(self) -> int:
-        """Claim one batch and send what passes the checks. Returns rows claimed."""
-        limit = min(self.s.batch_size, self.free_slots())
-        if limit <= 0:
+        """Claim one batch and send what passes the checks. Returns rows claimed.
+
+        Claims only when at least half a batch of send slots is free (or nothing is in
+        flight), so batches stay large: three commits per batch is the protocol's cost."""
+        free = self.free_slots()
+        if free <= 0 or (self._inflight and free < self._batch() // 2):
             return 0
+        limit = min(self.s.batch_size, free)
         t0 = time.perf_counter()
         with self.engine.begin() as conn:
             token, rows = q.operation_claim_batch(
                 conn, worker=self.s.worker_id, limit=limit, lease_seconds=self.s.lease_seconds
             )
-            journal.write(
+            journal.transitions_from_rows(
                 conn,
-                [
-                    journal.event(
-                        r, from_status="pending", to_status="claimed", actor=self.s.worker_id
-                    )
-                    for r in rows
-                ],
+                [r.id for r in rows],
+                from_status="pending",
+                to_status="claimed",
+                actor=self.s.worker_id,
             )
         metrics.CLAIM_DURATION.observe(time.perf_counter() - t0)
         if not rows:
@@ -121,6 +132,8 @@ class Worker:
             now = q.fetch_db_now(conn)
             passing: list[OperationRecord] = []
             digests: dict[int, str | None] = {}
+            payloads: dict[int, Mapping[str, Any] | None] = {}
+            details: dict[int, Mapping[str, Any]] = {}
             for op in rows:
                 v = pre_dispatch(
                     op,
@@ -128,11 +141,15 @@ class Worker:
                     margin=self.s.dedup_safety_margin,
                     max_payload_bytes=self.s.max_payload_bytes,
                     now=now,
+                    artifacts=self.artifacts,
                 )
                 digests[op.id] = v.digest
+                payloads[op.id] = v.payload
                 if v.status is None:
                     passing.append(op)
                     continue
+                if v.detail:
+                    details[op.id] = {"detail": v.detail}
                 refused.append(
                     q.Transition(
                         op.id, op.state_revision, v.status, v.reason, payload_digest=v.digest
@@ -140,14 +157,22 @@ class Worker:
                 )
                 if v.dedup_refused:
                     metrics.DEDUP_WINDOW_REFUSALS.labels(op.provider).inc()
-            for op_id, reason in self.authority.check(conn, passing, now).items():
+            as_sent = [
+                replace(op, payload=payloads[op.id]) if op.payload is None else op for op in passing
+            ]
+            for op_id, reason in self.authority.check(conn, as_sent, now).items():
                 op = by_id[op_id]
+                # an earlier attempt may have landed: reconcile it rather than block it
+                status = S.UNKNOWN if outcomes.blind(op.last_outcome) else S.BLOCKED
+                detail = getattr(reason, "detail", None)
+                if detail:
+                    details[op.id] = detail
                 refused.append(
                     q.Transition(
                         op.id,
                         op.state_revision,
-                        S.BLOCKED,
-                        reason,
+                        status,
+                        str(reason),
                         payload_digest=digests.get(op.id),
                     )
                 )
@@ -177,20 +202,19 @@ class Worker:
                             reason=t.status_reason,
                             actor=self.s.worker_id,
                             fencing_token=token,
+                            detail=details.get(t.id),
                         )
                     )
+            journal.transitions_from_rows(
+                conn,
+                [m.id for m in marked],
+                from_status="claimed",
+                to_status="dispatching",
+                actor=self.s.worker_id,
+            )
             sends = []
             for m in marked:
                 op = by_id[m.id]
-                events.append(
-                    journal.event(
-                        op,
-                        from_status="claimed",
-                        to_status="dispatching",
-                        actor=self.s.worker_id,
-                        fencing_token=token,
-                    )
-                )
                 sends.append(
                     InFlight(
                         op,
@@ -200,6 +224,7 @@ class Worker:
                         m.first_dispatched_at,
                         m.last_attempt_started_at,
                         digests.get(op.id),
+                        payload=payloads.get(op.id),
                     )
                 )
             self.authority.consume(conn, [by_id[m.id] for m in marked], token)
@@ -224,7 +249,9 @@ class Worker:
     def _send(self, item: InFlight) -> None:
         provider = self.providers[item.op.provider]
         op = item.op
-        payload = op.payload if isinstance(op.payload, dict) else {}
+        payload = item.payload if item.payload is not None else op.payload
+        if not isinstance(payload, Mapping):  # admission refuses these; never sent as {}
+            payload = {}
         dispatch = Dispatch(
             tenant_id=op.tenant_id,
             task_id=op.task_id,
@@ -249,12 +276,30 @@ class Worker:
             )
         item.duration = time.perf_counter() - t0
         metrics.DISPATCH_DURATION.labels(op.provider).observe(item.duration)
+        if self._oldest_done is None:
+            self._oldest_done = time.monotonic()
         self._done.put(item)
         self.kick.set()
 
     # -- record ------------------------------------------------------------------------
-    def record_done(self) -> int:
-        """Record every finished send in one transaction. Returns how many."""
+    def has_done(self) -> bool:
+        return bool(self._unrecorded) or not self._done.empty()
+
+    def record_due(self) -> bool:
+        """Is it time to record? When half a batch has finished, when every send in flight
+        has, or when the oldest finished one has waited ``RECORD_LINGER_SECONDS``."""
+        done = self._done.qsize() + len(self._unrecorded)
+        if done == 0:
+            return False
+        if done >= len(self._inflight) or done >= self._batch() // 2:
+            return True
+        oldest = self._oldest_done
+        return oldest is not None and time.monotonic() - oldest >= RECORD_LINGER_SECONDS
+
+    def record_done(self, *, force: bool = False) -> int:
+        """Record finished sends in one transaction (when due, or ``force``)."""
+        if not force and not self.record_due():
+            return 0
         items = self._unrecorded
         self._unrecorded = []
         while True:
@@ -262,6 +307,7 @@ class Worker:
                 items.append(self._done.get_nowait())
             except queue.Empty:
                 break
+        self._oldest_done = None
         if not items:
             return 0
         failpoints.hit("after_send")
@@ -426,7 +472,7 @@ class Worker:
         while self._inflight and time.monotonic() < deadline:
             self.kick.wait(min(0.05, max(0.0, deadline - time.monotonic())))
             self.kick.clear()
-            self.record_done()
+            self.record_done(force=True)
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

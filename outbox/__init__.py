@@ -11,6 +11,7 @@ from outbox.api import (
     list_operations,
     load_task,
 )
+from outbox.approvals import approve, revoke
 from outbox.digest import default_idempotency_key, payload_digest
 from outbox.errors import (
     OutboxError,
@@ -32,6 +33,7 @@ __all__ = [
     "StagedOperation",
     "TaskRecord",
     "advance",
+    "approve",
     "cancel_task",
     "default_idempotency_key",
     "enqueue",
@@ -39,4 +41,5 @@ __all__ = [
     "list_operations",
     "load_task",
     "payload_digest",
+    "revoke",
 ]

@@ -12,6 +12,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from outbox import artifacts as _artifacts
 from outbox.digest import canonical_json, payload_digest
 from outbox.errors import SecretInPayload
 from outbox.records import OperationRecord
@@ -23,8 +24,10 @@ PAYLOAD_TOO_LARGE = "payload_too_large"
 PAYLOAD_INVALID = "payload_invalid"
 CREDENTIAL_IN_PAYLOAD = "credential_in_payload"
 DIGEST_MISMATCH = "digest_mismatch"
-ARTIFACT_MISSING = "artifact_missing"
-INCOMPATIBLE_PAYLOAD_SCHEMA = "incompatible_payload_schema"
+ARTIFACT_MISSING = _artifacts.ARTIFACT_MISSING
+ARTIFACT_DIGEST_MISMATCH = _artifacts.ARTIFACT_DIGEST_MISMATCH
+INCOMPATIBLE_VERSION = "incompatible_version"
+INCOMPATIBLE_PAYLOAD_SCHEMA = INCOMPATIBLE_VERSION  # one reason for schema and workflow
 
 
 @dataclass(frozen=True)
@@ -43,11 +46,22 @@ def admit(
     known_providers: Collection[str],
     max_payload_bytes: int,
     supported_schemas: Collection[int] | None = None,
+    artifacts: _artifacts.ArtifactStore | None = None,
 ) -> Admission:
-    """Check one row. Never raises for bad data: returns the reason instead."""
+    """Check one row. Never raises for bad data: returns the reason instead.
+
+    A row with ``payload_ref`` and no inline payload is resolved through ``artifacts``
+    (:func:`outbox.artifacts.resolve`); the verified artifact is returned as ``payload``
+    and is exempt from ``max_payload_bytes`` (large payloads are what artifacts are for)."""
     if op.provider not in known_providers:
         return Admission(False, UNKNOWN_PROVIDER, f"provider {op.provider!r} is not configured")
     payload = op.payload
+    from_artifact = False
+    if payload is None and op.payload_ref is not None:
+        found = _artifacts.resolve(artifacts, op.payload_ref, op.payload_digest)
+        if not found.ok:
+            return Admission(False, found.reason, found.detail)
+        payload, from_artifact = found.payload, True
     if payload is None:
         return Admission(False, ARTIFACT_MISSING, "payload_ref is not resolvable here")
     if not isinstance(payload, dict):
@@ -56,7 +70,7 @@ def admit(
         size = len(canonical_json(payload))
     except Exception as exc:  # non-finite numbers, odd values from a foreign writer
         return Admission(False, PAYLOAD_INVALID, type(exc).__name__)
-    if size > max_payload_bytes:
+    if size > max_payload_bytes and not from_artifact:
         return Admission(False, PAYLOAD_TOO_LARGE, f"{size} > {max_payload_bytes} bytes")
     try:
         findings = find_secrets(payload)
@@ -70,6 +84,6 @@ def admit(
         return Admission(False, DIGEST_MISMATCH, "stored digest differs from the payload's")
     schema = op.payload_schema if op.payload_schema is not None else 1
     if supported_schemas is not None and schema not in supported_schemas:
-        return Admission(False, INCOMPATIBLE_PAYLOAD_SCHEMA,
+        return Admission(False, INCOMPATIBLE_VERSION,
                          f"payload_schema {schema} not in {sorted(supported_schemas)}")
     return Admission(True, digest=digest, payload=payload)

@@ -89,6 +89,11 @@ def check_current(engine: Engine, schema: str | None = None) -> None:
 def sql_script(url: str, schema: str | None = None) -> str:
     """The DDL of every migration, for a DBA (``outboxd migrate --sql``)."""
     buf = io.StringIO()
+    if schema and not url.startswith("sqlite"):
+        # As upgrade() does online: the schema must exist, and the tables (created without
+        # a schema) must land in it, where the triggers and alembic_version refer to them.
+        buf.write(f'CREATE SCHEMA IF NOT EXISTS "{schema}";\n\n')
+        buf.write(f'SET search_path TO "{schema}", public;\n\n')
     cfg = _config(schema)
     cfg.output_buffer = buf
     cfg.attributes["url"] = (

@@ -5,7 +5,7 @@ never from guesses. A provider is built from a ``[providers.NAME]`` configuratio
 by :mod:`providers.registry`; it knows nothing of the daemon.
 
 Methods are called from worker threads, concurrently: implementations must be
-thread-safe (an ``httpx.Client`` is).
+thread-safe (an ``httpx.Client`` is). Optional: ``verify(receipt)`` (:class:`Verifying`).
 """
 
 from __future__ import annotations
@@ -102,6 +102,40 @@ class LookupResult:
     receipt: Mapping[str, Any] | None = None
     evidence: Mapping[str, Any] = field(default_factory=dict)
     observed_at: datetime | None = None
+
+
+class VerifyKind(enum.StrEnum):
+    VERIFIED = "verified"  # the effect exists and passes the acceptance check
+    FAILED = "failed"  # the effect is there but does not pass: a person decides
+    INDETERMINATE = "indeterminate"  # the check itself failed (timeout, 5xx): ask later
+
+
+@dataclass(frozen=True)
+class VerifyResult:
+    kind: VerifyKind
+    reason: str | None = None
+    evidence: Mapping[str, Any] = field(default_factory=dict)
+
+
+@runtime_checkable
+class Verifying(Protocol):
+    """OPTIONAL capability, separate from :class:`Provider` (which stays satisfied by
+    providers without it): a provider that can check an applied effect implements
+    ``verify(receipt)``. It is given the stored receipt of an ``applied`` operation and must
+    only *read* from the receiver, never repeat the write; the dispatcher's verifier
+    (:mod:`dispatcher.verifier`) moves the operation to ``verified`` on ``VERIFIED``."""
+
+    def verify(self, receipt: Mapping[str, Any]) -> VerifyResult:
+        """Check the applied effect this receipt names. Never raises for receiver or
+        transport failures: return ``INDETERMINATE``."""
+        ...
+
+
+def verifier_of(provider: object) -> Verifying | None:
+    """The provider itself when it implements the optional ``verify``, else None."""
+    if isinstance(provider, Verifying) and callable(getattr(provider, "verify", None)):
+        return provider
+    return None
 
 
 @runtime_checkable

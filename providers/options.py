@@ -27,6 +27,8 @@ COMMON_KEYS = (
     "max_attempts",
     "max_elapsed_seconds",
     "timeout_seconds",
+    "workflow_versions",
+    "policy",
 )
 
 
@@ -168,6 +170,7 @@ def read_capabilities(
         ):
             raise reader.error("payload_schemas", "must be a non-empty list of integers >= 1")
         schemas = frozenset(schemas_raw)
+    read_authority_keys(reader)
     return Capabilities(
         dedup_retention_seconds=retention,
         lookup_consistency=consistency,
@@ -179,3 +182,25 @@ def read_capabilities(
         max_elapsed_seconds=reader.number("max_elapsed_seconds", 600.0, exclusive_minimum=True),
         timeout_seconds=timeout,
     )
+
+
+def read_authority_keys(reader: SectionReader) -> tuple[frozenset[str] | None, str | None]:
+    """Validate the keys the dispatcher's authority checks use (``dispatcher.authority``):
+    ``workflow_versions`` (a non-empty list of strings; absent: any version) and
+    ``policy`` (``"package.module:function"``, imported by the daemon at start-up)."""
+    versions_raw = reader.raw("workflow_versions")
+    versions: frozenset[str] | None = None
+    if versions_raw is not None:
+        if (
+            not isinstance(versions_raw, list)
+            or not versions_raw
+            or not all(isinstance(v, str) and v.strip() for v in versions_raw)
+        ):
+            raise reader.error("workflow_versions", "must be a non-empty list of strings")
+        versions = frozenset(versions_raw)
+    policy = reader.raw("policy")
+    if policy is not None:
+        module, sep, attr = policy.partition(":") if isinstance(policy, str) else ("", "", "")
+        if not sep or not module.strip() or not attr.strip():
+            raise reader.error("policy", "must be a string 'package.module:function'")
+    return versions, policy

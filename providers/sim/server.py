@@ -49,6 +49,7 @@ STRIPE_MISMATCH: Final = {
 class SimServer(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
+    request_queue_size = 128
 
     def __init__(
         self, address: tuple[str, int], ledger: Ledger, settings: SimSettings,

@@ -7,7 +7,18 @@ records (``outbox_operations``, ``outbox_attempts``, ``outbox_events``), never o
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import contextlib
+import hashlib
+import itertools
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+from collections.abc import Callable, Iterable, Sequence
+from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
@@ -16,6 +27,7 @@ from sqlalchemy.engine import Engine
 from outbox import db
 from outbox.api import StagedOperation, advance
 from outbox.digest import default_idempotency_key
+from tests.support.daemon import REPO_ROOT, http_provider, status_counts, write_config
 
 TENANT = "t1"
 PROVIDER = "sim"
@@ -134,7 +146,7 @@ def fencing_monotonic(engine: Engine) -> list[str]:
         if e["to_status"] == "claimed" and e["from_status"] == "pending":
             claims.setdefault(e["operation_id"], []).append(int(e["fencing_token"] or 0))
     for op_id, tokens in claims.items():
-        if any(b <= a for a, b in zip(tokens, tokens[1:], strict=False)):
+        if any(b <= a for a, b in itertools.pairwise(tokens)):
             problems.append(f"{op_id}: claim tokens {tokens}")
     by_op: dict[str, list[tuple[int, int]]] = {}
     for a in attempts_of(engine):
@@ -143,7 +155,7 @@ def fencing_monotonic(engine: Engine) -> list[str]:
         )
     for op_id, pairs in by_op.items():
         tokens = [t for _, t in sorted(pairs)]
-        if any(b < a for a, b in zip(tokens, tokens[1:], strict=False)):
+        if any(b < a for a, b in itertools.pairwise(tokens)):
             problems.append(f"{op_id}: attempt tokens {sorted(pairs)}")
     return problems
 
@@ -151,3 +163,103 @@ def fencing_monotonic(engine: Engine) -> list[str]:
 def one_of(values: Sequence[Any]) -> Any:
     assert len(values) == 1, values
     return values[0]
+
+
+def drain_once(config: Path, *, timeout: float = 60, env: dict[str, str] | None = None) -> str:
+    """``outboxd run --once`` to completion; returns its output. On a hang, the process's
+    thread stacks (faulthandler on SIGABRT) are put in the failure message."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "dispatcher.cli", "run", "--once", "--config", str(config)],
+        cwd=REPO_ROOT,
+        env={**os.environ, "PYTHONFAULTHANDLER": "1", **(env or {})},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        out, _ = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.send_signal(signal.SIGABRT)
+        out, _ = process.communicate()
+        raise AssertionError(f"`outboxd run --once` hung:\n{out[-8000:]}") from None
+    assert process.returncode == 0, out[-4000:]
+    return out
+
+
+FAST_PROVIDER = {"timeout_seconds": 1, "in_flight_seconds": 1.5}
+"""Short receiver timings, so that a not-found look-up counts soon after a crash."""
+
+
+def config(
+    directory: Path,
+    db_url: str,
+    sim: Any,
+    *,
+    lease_seconds: float = 1.0,
+    worker_id: str | None = None,
+    name: str | None = None,
+    database: dict[str, Any] | None = None,
+    dispatcher: dict[str, Any] | None = None,
+    **provider: Any,
+) -> Path:
+    """A config for one replica against ``sim`` with short leases."""
+    settings: dict[str, Any] = {"lease_seconds": lease_seconds, **(dispatcher or {})}
+    if worker_id is not None:
+        settings["worker_id"] = worker_id
+    path = write_config(
+        directory,
+        db_url,
+        {PROVIDER: http_provider(sim, **{**FAST_PROVIDER, **provider})},
+        dispatcher=settings,
+        name=name,
+    )
+    if database:
+        text = path.read_text()
+        extra = "".join(f"{k} = {json.dumps(v)}\n" for k, v in database.items())
+        path.write_text(text.replace("[database]\n", "[database]\n" + extra, 1))
+    return path
+
+
+def failpoints(spec: str) -> dict[str, str]:
+    return {"OUTBOXD_FAILPOINTS": spec, "PYTHONFAULTHANDLER": "1"}
+
+
+def is_stopped(pid: int) -> bool:
+    """The process is stopped by a signal (state ``T`` in ``/proc/PID/stat``)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] in ("T", "t")
+
+
+def db_now(engine: Engine) -> datetime:
+    from dispatcher.queries import fetch_db_now
+
+    with engine.connect() as conn:
+        return fetch_db_now(conn)
+
+
+def sim_bodies(sim: Any) -> dict[str, list[str]]:
+    """The sha256 of every request body the receiver applied, per key (its ledger file)."""
+    with contextlib.closing(sqlite3.connect(sim.ledger_path)) as conn:
+        found: dict[str, list[str]] = {}
+        for key, digest in conn.execute("SELECT key, body_sha256 FROM sim_effects ORDER BY seq"):
+            found.setdefault(key, []).append(digest)
+        return found
+
+
+def sim_order(sim: Any) -> list[str]:
+    """Keys in the order the receiver applied their effects."""
+    with contextlib.closing(sqlite3.connect(sim.ledger_path)) as conn:
+        return [k for (k,) in conn.execute("SELECT key FROM sim_effects ORDER BY seq")]
+
+
+def wire_sha256(payload: Any) -> str:
+    """The digest of the body the http provider sends for ``payload``."""
+    body = json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    return hashlib.sha256(body).hexdigest()
+
+
+def all_status(engine: Engine, status: str, total: int) -> Callable[[], bool]:
+    return lambda: status_counts(engine).get(status, 0) == total

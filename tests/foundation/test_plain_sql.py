@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 import sqlite3
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -284,3 +285,42 @@ def test_admission_of_a_json_null_payload(engine: Engine) -> None:
     assert not raw  # JSON null is stored, the CHECK (payload or ref) passed
     result = admission.admit(row, known_providers={"tickets"}, max_payload_bytes=1000)
     assert result.reason == admission.PAYLOAD_NOT_OBJECT
+
+
+# --------------------------------------------------------------------- the documentation
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "plain-sql.md"
+
+
+def doc_blocks(dialect: str) -> list[str]:
+    """The ```sql blocks of docs/plain-sql.md that apply to ``dialect``."""
+    blocks = re.findall(r"```sql\n(.*?)```", DOC.read_text(), flags=re.DOTALL)
+    tag = {"postgresql": "-- PostgreSQL", "sqlite": "-- SQLite"}
+    other = tag["sqlite" if dialect == "postgresql" else "postgresql"]
+    return [b for b in blocks if not b.lstrip().startswith(other)]
+
+
+def test_every_sql_block_of_the_documentation_runs(engine: Engine) -> None:
+    url = url_of(engine)
+    blocks = doc_blocks(dialect_of(url))
+    assert len(blocks) >= 8
+    [create_task] = [b for b in blocks if "INSERT INTO outbox_tasks" in b]
+    for block in blocks:
+        run_cli(url, "DELETE FROM outbox_operations; DELETE FROM outbox_tasks; "
+                     "UPDATE outbox_meta SET value = '262144' WHERE name = 'max_payload_bytes';")
+        if block is not create_task:
+            run_cli(url, create_task)
+        run_cli(url, block)
+        if "INSERT INTO outbox_operations" in block:
+            assert peek(url, "SELECT operation_id, idempotency_key, status FROM outbox_operations"
+                        ) == [("ticket:create:case-8472", "acme:ticket:create:case-8472",
+                               "pending")], block
+        if "state_revision = 0" in block:
+            assert peek(url, "SELECT state_revision FROM outbox_tasks") == [(1,)], block
+        if "cancelled_at" in block:
+            with engine.begin() as conn:
+                task = api.load_task(conn, tenant_id="acme", task_id="case-8472")
+            assert task.cancelled_at is not None and recent(task.cancelled_at), block
+        if "max_payload_bytes" in block:
+            assert peek(url, "SELECT value FROM outbox_meta WHERE name = 'max_payload_bytes'"
+                        ) == [("65536",)]

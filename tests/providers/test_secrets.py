@@ -25,7 +25,7 @@ def test_env_and_file_references(tmp_path: Path) -> None:
     assert from_env.reveal() == CANARY == from_file.reveal()
     for secret in (from_env, from_file):
         assert CANARY not in repr(secret) and CANARY not in str(secret)
-        assert CANARY not in f"{secret}" and CANARY not in "%s %r" % (secret, secret)
+        assert CANARY not in f"{secret}" and CANARY not in f"{secret} {secret!r}"
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,94 @@
+"""outboxd measured as users run it: real ``outboxd run`` processes draining a backlog."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psycopg
+
+from bench.harness import REPO, Deadline, log, peak_rss_mb, sa_url, xact_commits
+from outbox import db, migrate
+
+
+def prepare(dsn: str) -> None:
+    engine = db.create_engine(sa_url(dsn))
+    migrate.upgrade(engine)
+    engine.dispose()
+
+
+def fill(dsn: str, rows: int, provider: str = "sink", start: int = 0) -> None:
+    """Stage ``rows`` operations with plain SQL (the path agents in any language use)."""
+    with psycopg.connect(dsn) as conn:
+        conn.execute(
+            "INSERT INTO outbox_operations (tenant_id, task_id, operation_id, provider, payload) "
+            "SELECT 'bench', 'task-' || (g / 100), 'op:' || g, %s, "
+            "jsonb_build_object('n', g, 'text', 'benchmark payload') "
+            "FROM generate_series(%s::bigint, %s::bigint) g", (provider, start + 1, start + rows))
+        conn.commit()
+
+
+def write_config(directory: Path, dsn: str, *, batch: int, provider: str) -> Path:
+    path = directory / "bench.toml"
+    path.write_text(f"""
+[database]
+url = "{sa_url(dsn)}"
+[dispatcher]
+batch_size = {batch}
+concurrency = {max(32, batch)}
+poll_interval_ms = 20
+reconcile_interval_seconds = 5
+recovery_interval_seconds = 5
+log_level = "WARNING"
+[metrics]
+enabled = false
+{provider}
+""")
+    return path
+
+
+NULL_PROVIDER = '[providers.sink]\nkind = "null"\n'
+
+
+def drain(dsn: str, rows: int, *, batch: int, replicas: int = 1, provider: str = NULL_PROVIDER,
+          timeout: float = 300) -> dict[str, float]:
+    """Start ``replicas`` daemons on a filled backlog and wait until it is applied.
+    Returns rows/s (first claim to last applied, on the database clock), commits per op
+    and the peak RSS of the first replica."""
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = write_config(Path(tmp), dsn, batch=batch, provider=provider)
+        commits_before = xact_commits(dsn)
+        procs = [subprocess.Popen([sys.executable, "-m", "dispatcher.cli", "run", "--config",
+                                   str(cfg)], cwd=REPO, stderr=subprocess.DEVNULL)
+                 for _ in range(replicas)]
+        polls = 0
+        rss = 0.0
+        deadline = Deadline(timeout)
+        try:
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                while not deadline.passed():
+                    time.sleep(0.25)
+                    polls += 1
+                    rss = max(rss, peak_rss_mb(procs[0].pid))
+                    row = conn.execute("SELECT count(*) FILTER (WHERE status = 'applied'), "
+                                       "count(*) FROM outbox_operations").fetchone()
+                    assert row is not None
+                    if row[0] >= row[1]:
+                        break
+                else:
+                    log(f"  drain timed out: {row[0]} of {row[1]} applied")
+                span = conn.execute(
+                    "SELECT extract(epoch FROM max(o.updated_at) - min(e.created_at)) "
+                    "FROM outbox_operations o, outbox_events e "
+                    "WHERE e.to_status = 'claimed'").fetchone()
+        finally:
+            for p in procs:
+                p.terminate()
+            for p in procs:
+                p.wait(timeout=30)
+        commits = xact_commits(dsn) - commits_before - polls - 2
+    seconds = float(span[0]) if span and span[0] else float("nan")
+    return {"rows_per_s": rows / seconds, "commits_per_op": commits / rows, "rss_mb": rss}

@@ -1,0 +1,124 @@
+"""Shared plumbing for the benchmarks: a throwaway PostgreSQL database, repetition with
+median and spread, RSS of a process, and the final table."""
+
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psycopg
+
+REPO = Path(__file__).resolve().parents[1]
+ADMIN_DSN = os.environ.get("OUTBOXD_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
+
+
+@contextmanager
+def scratch_database(prefix: str = "outboxd_bench") -> Iterator[str]:
+    """A fresh PostgreSQL database (DSN) dropped afterwards."""
+    name = f"{prefix}_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(ADMIN_DSN, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield ADMIN_DSN.rsplit("/", 1)[0] + "/" + name
+    finally:
+        with psycopg.connect(ADMIN_DSN, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def sa_url(dsn: str) -> str:
+    return "postgresql+psycopg://" + dsn.split("://", 1)[1]
+
+
+def xact_commits(dsn: str) -> int:
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute(
+            "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()"
+        ).fetchone()
+        conn.execute("SELECT pg_stat_clear_snapshot()")
+    assert row is not None
+    return int(row[0])
+
+
+def peak_rss_mb(pid: int) -> float:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return float("nan")
+
+
+@dataclass
+class Figure:
+    name: str
+    unit: str
+    samples: list[float] = field(default_factory=list)
+    note: str = ""
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.samples) if self.samples else float("nan")
+
+    @property
+    def spread(self) -> float:
+        if len(self.samples) < 2:
+            return 0.0
+        return (max(self.samples) - min(self.samples)) / 2
+
+
+def repeat(name: str, unit: str, runs: int, fn: Callable[[], float], note: str = "") -> Figure:
+    fig = Figure(name, unit, note=note)
+    for i in range(runs):
+        value = fn()
+        fig.samples.append(value)
+        log(f"  {name} run {i + 1}/{runs}: {value:,.1f} {unit}")
+    return fig
+
+
+def log(message: str) -> None:
+    sys.stderr.write(message + "\n")
+    sys.stderr.flush()
+
+
+def fmt(value: float) -> str:
+    if value != value:  # NaN
+        return "n/a"
+    return f"{value:,.2f}" if abs(value) < 100 else f"{value:,.0f}"
+
+
+def table(figures: list[Figure], ratios: list[tuple[str, float, str]]) -> str:
+    lines = ["| figure | median | ± | unit | note |", "|---|---:|---:|---|---|"]
+    for f in figures:
+        lines.append(f"| {f.name} | {fmt(f.median)} | {fmt(f.spread)} | {f.unit} | {f.note} |")
+    lines += ["", "| ratio | value | target |", "|---|---:|---|"]
+    for name, value, target in ratios:
+        lines.append(f"| {name} | {fmt(value)} | {target} |")
+    return "\n".join(lines)
+
+
+def git_commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO,
+                              capture_output=True, text=True, check=False).stdout.strip()
+    except OSError:
+        return "unknown"
+
+
+class Deadline:
+    def __init__(self, seconds: float) -> None:
+        self.end = time.monotonic() + seconds
+
+    def left(self) -> float:
+        return max(0.0, self.end - time.monotonic())
+
+    def passed(self) -> bool:
+        return time.monotonic() >= self.end

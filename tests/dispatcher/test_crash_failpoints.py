@@ -1,0 +1,238 @@
+"""Crashes at every step of the dispatch protocol: a real ``outboxd run`` SIGKILLs (or
+SIGSTOPs) itself at a failpoint, another one starts, and the effect still happens exactly
+once at the receiver, with the records telling how."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import pytest
+
+from tests.dispatcher import (
+    TENANT,
+    all_status,
+    assert_once_each,
+    attempts_of,
+    config,
+    effects,
+    engine_for,
+    events_of,
+    failpoints,
+    fencing_monotonic,
+    is_stopped,
+    key_of,
+    operation,
+    sim_bodies,
+    stage,
+    status_of,
+    transitions,
+    wire_sha256,
+)
+from tests.support.daemon import DaemonProcess, status_counts, wait_until
+from tests.support.sim import SimProcess
+
+pytestmark = pytest.mark.slow
+KILLED = -signal.SIGKILL
+
+
+def crash_at(cfg: Path, spec: str) -> None:
+    """Run a replica that dies at the failpoint; wait until it is dead."""
+    with DaemonProcess(cfg, env=failpoints(spec)) as crashing:
+        assert crashing.wait(30) == KILLED, crashing.log_text()[-3000:]
+
+
+def test_kill_after_claim_commit_returns_rows_to_pending(db_url: str, tmp_path: Path) -> None:
+    engine = engine_for(db_url)
+    ids = stage(engine, 3)
+    with SimProcess(tmp_path) as sim:
+        cfg = config(tmp_path, db_url, sim)
+        crash_at(cfg, "after_claim_commit=kill")
+        assert status_counts(engine) == {"claimed": 3}
+        assert sim.stats()["requests"] == 0
+
+        with DaemonProcess(cfg):
+            wait_until(all_status(engine, "applied", 3), timeout=20, message="applied")
+        assert_once_each(sim, ids)
+        assert sim.stats()["requests"] == 3
+    for op_id in ids:
+        path = transitions(engine, op_id)
+        assert path[:2] == [("pending", "claimed"), ("claimed", "pending")], path
+        assert path[-1] == ("dispatching", "applied")
+        recovered = events_of(engine, op_id)[1]
+        assert recovered["reason"] == "lease_expired"
+        # never sent, so no attempt was recorded for the lost claim
+        assert [a["result_class"] for a in attempts_of(engine, op_id)] == ["applied"]
+    assert fencing_monotonic(engine) == []
+    engine.dispose()
+
+
+def test_kill_after_dispatching_commit_reconciles_not_found_then_sends_same_key(
+    db_url: str, tmp_path: Path
+) -> None:
+    engine = engine_for(db_url)
+    (op_id,) = stage(engine, 1)
+    before = operation(engine, op_id)
+    with SimProcess(tmp_path) as sim:
+        cfg = config(tmp_path, db_url, sim)
+        crash_at(cfg, "after_dispatching_commit=kill")
+        row = operation(engine, op_id)
+        assert (row["status"], row["attempts"]) == ("dispatching", 1)
+        assert row["first_dispatched_at"] is not None
+        assert sim.stats()["requests"] == 0
+
+        with DaemonProcess(cfg):
+            wait_until(all_status(engine, "applied", 1), timeout=20, message="applied")
+        assert_once_each(sim, [op_id])
+        assert sim.stats()["requests"] == 1
+        after = operation(engine, op_id)
+        # the original payload and key were sent, unchanged
+        assert after["payload"] == before["payload"]
+        assert after["idempotency_key"] == before["idempotency_key"] == key_of(op_id)
+        assert sim_bodies(sim) == {key_of(op_id): [wire_sha256(after["payload"])]}
+
+    path = transitions(engine, op_id)
+    assert path == [
+        ("pending", "claimed"),
+        ("claimed", "dispatching"),
+        ("dispatching", "unknown"),
+        ("unknown", "pending"),
+        ("pending", "claimed"),
+        ("claimed", "dispatching"),
+        ("dispatching", "applied"),
+    ]
+    reconciled = [e for e in events_of(engine, op_id) if e["kind"] == "reconciliation"]
+    assert [(e["to_status"], e["reason"]) for e in reconciled] == [
+        ("pending", "reconciled_not_applied")
+    ]
+    assert [a["result_class"] for a in attempts_of(engine, op_id)] == ["lost", "applied"]
+    assert after["attempts"] == 2
+    assert after["first_dispatched_at"] == row["first_dispatched_at"]  # never reset
+    assert fencing_monotonic(engine) == []
+    engine.dispose()
+
+
+@pytest.mark.parametrize("point", ["after_send", "before_receipt_commit"])
+def test_kill_after_the_receiver_applied_is_reconciled_not_resent(
+    db_url: str, tmp_path: Path, point: str
+) -> None:
+    engine = engine_for(db_url)
+    ids = stage(engine, 2)
+    with SimProcess(tmp_path) as sim:
+        cfg = config(tmp_path, db_url, sim)
+        crash_at(cfg, f"{point}=kill")
+        # the effects exist; the responses died with the process
+        assert status_counts(engine) == {"dispatching": 2}
+        assert effects(sim) == {key_of(i): 1 for i in ids}
+        assert attempts_of(engine) == []
+
+        with DaemonProcess(cfg):
+            wait_until(all_status(engine, "applied", 2), timeout=20, message="applied")
+        assert_once_each(sim, ids)
+        assert sim.stats()["requests"] == 2  # reconciled by look-up, never sent again
+    for op_id in ids:
+        assert transitions(engine, op_id) == [
+            ("pending", "claimed"),
+            ("claimed", "dispatching"),
+            ("dispatching", "unknown"),
+            ("unknown", "applied"),
+        ]
+        (found,) = [e for e in events_of(engine, op_id) if e["kind"] == "reconciliation"]
+        assert found["reason"] == "reconciled_found"
+        row = operation(engine, op_id)
+        assert row["receipt"]["reconciled"] is True
+        assert row["receipt"]["lookup"]["idempotency_key"] == key_of(op_id)
+        assert [a["result_class"] for a in attempts_of(engine, op_id)] == ["lost"]
+    engine.dispose()
+
+
+def test_response_dropped_after_apply_is_not_a_duplicate(db_url: str, tmp_path: Path) -> None:
+    engine = engine_for(db_url)
+    ids = stage(engine, 4)
+    with SimProcess(tmp_path, "--p-drop-after-apply", "1.0") as sim:
+        cfg = config(tmp_path, db_url, sim)
+        with DaemonProcess(cfg):
+            wait_until(all_status(engine, "applied", 4), timeout=20, message="applied")
+        assert_once_each(sim, ids)
+        stats = sim.stats()
+        assert stats["faults"]["drop_after_apply"] == 4
+        assert stats["replays"] == 4  # the retry with the same key was deduplicated
+    for op_id in ids:
+        attempts = attempts_of(engine, op_id)
+        assert [a["result_class"] for a in attempts] == ["ambiguous", "applied"]
+        assert attempts[0]["transport_phase"] == "after_write"
+        assert attempts[1]["evidence"]["replayed"] is True
+        assert status_of(engine, op_id) == "applied"
+    engine.dispose()
+
+
+def test_stale_worker_with_a_response_in_hand_is_fenced(db_url: str, tmp_path: Path) -> None:
+    """Replica A sends, the receiver applies, A is SIGSTOPped before recording; its lease
+    expires, B reconciles the row to applied; A resumes and its write matches no row."""
+    engine = engine_for(db_url)
+    (op_id,) = stage(engine, 1)
+    with SimProcess(tmp_path) as sim:
+        cfg_a = config(tmp_path, db_url, sim, worker_id="replica-a", name="a.toml")
+        cfg_b = config(tmp_path, db_url, sim, worker_id="replica-b", name="b.toml")
+        with DaemonProcess(cfg_a, env=failpoints("after_send=stop")) as a:
+            wait_until(lambda: is_stopped(a.pid), timeout=20, message="replica A stopped")
+            assert status_of(engine, op_id) == "dispatching"
+            with DaemonProcess(cfg_b):
+                wait_until(all_status(engine, "applied", 1), timeout=20, message="applied")
+                a.signal(signal.SIGCONT)
+                wait_until(
+                    lambda: any(x["worker"] == "replica-a" for x in attempts_of(engine, op_id)),
+                    timeout=20,
+                    message="A's late attempt recorded",
+                )
+            assert a.alive()
+        assert_once_each(sim, [op_id])
+        assert sim.stats()["requests"] == 1
+    row = operation(engine, op_id)
+    assert row["status"] == "applied" and row["receipt"]["reconciled"] is True
+    late = [x for x in attempts_of(engine, op_id) if x["worker"] == "replica-a"]
+    assert [(x["result_class"], x["evidence"].get("fenced")) for x in late] == [("applied", True)]
+    # A's stale outcome moved nothing: every transition after the lease loss is B's
+    assert not [
+        e for e in events_of(engine, op_id) if e["actor"] == "replica-a" and e["to_status"] in (
+            "applied", "pending", "unknown")
+    ]
+    engine.dispose()
+
+
+def test_stale_worker_sending_late_is_refused_by_a_fencing_receiver(
+    db_url: str, tmp_path: Path
+) -> None:
+    """Replica A commits ``dispatching`` and is SIGSTOPped before sending; B takes over
+    (lease expired -> unknown -> not found -> pending -> applied with a newer token); A
+    resumes and sends with its stale token: the receiver refuses it (412) and A's outcome
+    is recorded as fenced, applied to no row."""
+    engine = engine_for(db_url)
+    (op_id,) = stage(engine, 1)
+    with SimProcess(tmp_path, "--enforce-fencing") as sim:
+        cfg_a = config(tmp_path, db_url, sim, worker_id="replica-a", name="a.toml")
+        cfg_b = config(tmp_path, db_url, sim, worker_id="replica-b", name="b.toml")
+        with DaemonProcess(cfg_a, env=failpoints("after_dispatching_commit=stop")) as a:
+            wait_until(lambda: is_stopped(a.pid), timeout=20, message="replica A stopped")
+            stale_token = operation(engine, op_id)["fencing_token"]
+            with DaemonProcess(cfg_b):
+                wait_until(all_status(engine, "applied", 1), timeout=20, message="applied")
+                a.signal(signal.SIGCONT)
+                wait_until(
+                    lambda: any(x["worker"] == "replica-a" for x in attempts_of(engine, op_id)),
+                    timeout=20,
+                    message="A's late attempt recorded",
+                )
+        assert_once_each(sim, [op_id])
+        stats = sim.stats()
+        assert stats["fenced"] == 1
+        assert stats["requests"] == 2
+    row = operation(engine, op_id)
+    assert row["status"] == "applied" and row["fencing_token"] > stale_token
+    late = [x for x in attempts_of(engine, op_id) if x["worker"] == "replica-a"]
+    assert [(x["fencing_token"], x["status_code"], x["evidence"].get("fenced")) for x in late] == [
+        (stale_token, 412, True)
+    ]
+    assert fencing_monotonic(engine) == []
+    assert row["tenant_id"] == TENANT
+    engine.dispose()
