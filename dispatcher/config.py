@@ -71,6 +71,19 @@ class DatabaseConfig:
     """Largest canonical JSON payload accepted. Large payloads bloat the table and every send."""
     connect_timeout_seconds: float = field(default=5.0, metadata={"gt": 0})
     """Fail fast on an unreachable database; too low gives spurious failures over slow links."""
+    agent_role: str = field(default="outbox_agent", metadata={"check": _check_identifier})
+    """PostgreSQL NOLOGIN role migration 0002 creates for agents (own tenant only). Grant it
+    to login users; see docs/security-model.md. Ignored on SQLite (single-tenant)."""
+    dispatcher_role: str = field(
+        default="outbox_dispatcher", metadata={"check": _check_identifier}
+    )
+    """PostgreSQL role for the dispatcher: reads every tenant, writes only its own columns."""
+    operator_role: str = field(default="outbox_operator", metadata={"check": _check_identifier})
+    """PostgreSQL role for operators: own tenant, metadata without bodies, audited overrides."""
+    retention_role: str = field(
+        default="outbox_retention", metadata={"check": _check_identifier}
+    )
+    """PostgreSQL role for the purge path (`outboxd purge`, the retention job)."""
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,8 @@ from dispatcher.authority import Authority, artifact_store
 from dispatcher.config import Config
 from dispatcher.reconcile import Reconciler
 from dispatcher.recovery import LeaseRecovery
+from dispatcher.retention_job import RetentionJob
+from dispatcher.verifier import Verifier
 from dispatcher.worker import RECORD_LINGER_SECONDS, Worker, WorkerSettings
 from outbox import db, migrate
 from outbox.ddl import NOTIFY_CHANNEL
@@ -85,6 +87,7 @@ class Daemon:
         )
         self.recovery = LeaseRecovery(self.engine, actor=self.worker_id)
         self.reconciler = Reconciler(self.engine, self.providers, actor=self.worker_id)
+        self.verifier = Verifier(self.engine, self.providers, actor=self.worker_id)
         self.health = httpserver.Health(wedged_after=max(60.0, d.lease_seconds * 2))
         self.health.ready_check = self._ready_problem
         self.gauges = gauges.GaugeRefresher(self.engine)
@@ -125,11 +128,15 @@ class Daemon:
             self._guarded("gauges", self.gauges)
         self._guarded("startup recovery", self.recovery.run_once)
         self._guarded("startup reconciliation", self.reconciler.run_once)
+        self._guarded("verifier publication", self.verifier.publish)
+        self._guarded("startup verification", self.verifier.run_once)
         scheduler = None if once else self._start_scheduler()
         listener = None if once else self._start_listener()
         log.info("dispatcher started", extra={"worker": self.worker_id})
         try:
             self._loop(once)
+            if once:  # verify what this drain applied (verification only reads)
+                self._guarded("verification", self.verifier.run_once)
         finally:
             self.stopping.set()
             grace = self.config.dispatcher.shutdown_grace_seconds
@@ -185,8 +192,12 @@ class Daemon:
         jobs: list[tuple[str, Callable[[], object], float]] = [
             ("lease recovery", self.recovery.run_once, d.recovery_interval_seconds),
             ("reconciliation", self._reconcile_and_kick, d.reconcile_interval_seconds),
+            ("verification", self.verifier.run_once, d.reconcile_interval_seconds),
             ("gauges", self.gauges, m.gauge_refresh_seconds),
         ]
+        if self.config.retention.enabled:  # once per cluster: see dispatcher.retention_job
+            purge = RetentionJob(self.engine, self.config.retention).run_once
+            jobs.append(("retention purge", purge, self.config.retention.interval_seconds))
         for name, fn, every in jobs:
             scheduler.add_job(
                 self._guarded,

@@ -253,11 +253,11 @@ def stage_operations(
     import outbox
     from outbox.errors import SecretInPayload
 
-    cases = max(1, (operations - 1) // 3)
-    made = 0
-    for n in range(cases):
+    made, n = 0, 0
+    while made < operations - 1:  # the last one is the late reminder below
         case = f"case-{8000 + n}"
-        amount = rng.choice([15, 40, 75, 120, 250])
+        needs = n % 12 == 5  # large refunds wait for a person
+        amount = rng.choice([15, 40, 75, 120, 250]) * (10 if needs else 1)
         ops = [
             outbox.StagedOperation(
                 operation_id=f"ticket:create:{case}", provider=PROVIDER,
@@ -267,24 +267,20 @@ def stage_operations(
                 operation_id=f"message:send:{case}", provider=PROVIDER,
                 payload={"case": case, "template": "we-are-on-it"}, ordering_key=case,
             ),
-        ]
-        if made + len(ops) < operations - 1:
-            needs = n % 12 == 5  # large refunds wait for a person
-            ops.append(
-                outbox.StagedOperation(
-                    operation_id=f"refund:issue:{case}", provider=PROVIDER,
-                    payload={"case": case, "amount_gbp": amount * (10 if needs else 1)},
-                    requires_approval=needs,
-                )
-            )
-            if needs:
-                report.needs_approval.append(f"refund:issue:{case}")
+            outbox.StagedOperation(
+                operation_id=f"refund:issue:{case}", provider=PROVIDER,
+                payload={"case": case, "amount_gbp": amount}, requires_approval=needs,
+            ),
+        ][: operations - 1 - made]
+        if len(ops) == 3 and needs:
+            report.needs_approval.append(f"refund:issue:{case}")
         with engine.begin() as conn:
             outbox.advance(
                 conn, case, tenant_id=TENANT, expected_revision=0, phase="effects-requested",
                 state={"case": case, "step": 1}, operations=ops,
             )
         made += len(ops)
+        n += 1
     # One effect whose authority ended before the dispatcher ever saw it.
     late = "message:send:case-late"
     with engine.begin() as conn:
@@ -365,7 +361,7 @@ def _counts(engine: Engine) -> Counter[str]:
 
 def _wait(
     what: str, predicate: Callable[[Counter[str]], bool], engine: Engine, progress: Progress,
-    interval: float = 0.02,
+    daemon: DispatcherProcess, *, interval: float = 0.02,
 ) -> Counter[str]:
     deadline = time.monotonic() + PHASE_TIMEOUT_SECONDS
     while True:
@@ -373,6 +369,12 @@ def _wait(
         progress.update(counts)
         if predicate(counts):
             return counts
+        if not daemon.alive():
+            tail = daemon.log_path.read_text(errors="replace").strip().splitlines()[-3:]
+            raise RuntimeError(
+                f"the dispatcher exited ({daemon.process.returncode}) while waiting for "
+                f"{what}: " + " | ".join(tail)
+            )
         if time.monotonic() > deadline:
             raise TimeoutError(f"timed out waiting for {what}: {dict(counts)}")
         time.sleep(interval)
@@ -451,7 +453,7 @@ def run(
                 return sum(c[s] for s in SETTLED) >= share * total and c["dispatching"] > 0
 
             counts = _wait("a moment to crash the dispatcher", running_mid, engine, progress,
-                           interval=0.005)
+                           daemon, interval=0.005)
             daemon.kill()
             report.kills.append((daemon.pid, counts["dispatching"]))
             progress.say(
@@ -462,13 +464,13 @@ def run(
         daemon = DispatcherProcess(config, workdir, len(done_share) + 1)
         progress.say(f"dispatcher  restarted (pid {daemon.pid})")
         _wait("every operation to settle",
-              lambda c: sum(c[s] for s in SETTLED) == total, engine, progress)
+              lambda c: sum(c[s] for s in SETTLED) == total, engine, progress, daemon)
         _approve_waiting(engine, report)
         progress.say(
             f"operator    approved {len(report.approved)} operations waiting for approval"
         )
         _wait("the approved operations", lambda c: _approvals_done(engine, report) and
-              sum(c[s] for s in SETTLED) == total, engine, progress)
+              sum(c[s] for s in SETTLED) == total, engine, progress, daemon)
         report.final_exit_code = daemon.stop()
         daemon = None
         progress.close()
@@ -555,7 +557,7 @@ def collect(engine: Engine, sim: SimReceiver, report: DemoReport) -> None:
             conn.execute(sa.text("SELECT count(*) FROM outbox_attempts")).scalar_one()
         )
         if report.needs_approval:
-            first_send = dict(
+            first_send: dict[str, int] = dict(
                 conn.execute(
                     sa.text(
                         "SELECT operation_id, min(id) FROM outbox_events"
@@ -563,7 +565,7 @@ def collect(engine: Engine, sim: SimReceiver, report: DemoReport) -> None:
                     )
                 ).all()
             )
-            approved_at = dict(
+            approved_at: dict[str, int] = dict(
                 conn.execute(
                     sa.text(
                         "SELECT operation_id, min(id) FROM outbox_events"

@@ -28,6 +28,7 @@ from outbox.digest import canonical_json, default_idempotency_key, payload_diges
 from outbox.records import OperationRecord, TaskRecord
 from outbox.secrets import check_no_secrets
 from outbox.states import NON_TERMINAL, OperationStatus
+from outbox.tenancy import set_tenant
 from outbox.types import db_now
 
 ops_t, tasks_t, events_t = schema.operations, schema.tasks, schema.events
@@ -249,6 +250,7 @@ def enqueue(
     credential (:class:`~outbox.errors.SecretInPayload`, naming the path, not the value).
     ``options`` are the other :class:`StagedOperation` fields.
     """
+    set_tenant(conn, tenant_id)
     op = StagedOperation(operation_id=operation_id, provider=provider, payload=payload, **options)
     return _stage(_conn(conn), _prepare(tenant_id, task_id, op, max_payload_bytes))
 
@@ -273,6 +275,7 @@ def advance(
     nothing; so does an invalid operation (validated before the task is touched).
     """
     c = _conn(conn)
+    set_tenant(c, tenant_id)
     rows = [_prepare(tenant_id, task_id, op, max_payload_bytes) for op in operations]
     for row in rows:
         existing = _existing(c, tenant_id, row["operation_id"])
@@ -321,6 +324,7 @@ def advance(
 def load_task(conn: Connection | Session, *, tenant_id: str, task_id: str) -> TaskRecord:
     """The task with its operations (in insertion order)."""
     c = _conn(conn)
+    set_tenant(c, tenant_id)
     row = (
         c.execute(
             sa.select(tasks_t).where(tasks_t.c.tenant_id == tenant_id, tasks_t.c.task_id == task_id)
@@ -336,6 +340,7 @@ def load_task(conn: Connection | Session, *, tenant_id: str, task_id: str) -> Ta
 def list_operations(
     conn: Connection | Session, *, tenant_id: str, task_id: str
 ) -> list[OperationRecord]:
+    set_tenant(conn, tenant_id)
     rows = (
         _conn(conn)
         .execute(
@@ -351,6 +356,7 @@ def list_operations(
 def get_operation(
     conn: Connection | Session, *, tenant_id: str, operation_id: str
 ) -> OperationRecord:
+    set_tenant(conn, tenant_id)
     found = _existing(_conn(conn), tenant_id, operation_id)
     if found is None:
         raise errors.OperationNotFound(tenant_id=tenant_id, operation_id=operation_id)
@@ -380,6 +386,7 @@ def cancel_task(
     agent kept its checkpoint elsewhere, so the cancellation survives restarts.
     """
     c = _conn(conn)
+    set_tenant(c, tenant_id)
     updated = c.execute(
         sa.update(tasks_t)
         .where(

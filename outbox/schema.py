@@ -96,6 +96,9 @@ operations = sa.Table(
     sa.Column("state_revision", sa.BigInteger(), nullable=False, server_default="0"),
     _created(),
     _updated(),
+    # --- set by the retention path (migration 0002; see outbox.retention) ---
+    sa.Column("payload_purged_at", UtcDateTime()),  # payload is then the JSON value null
+    sa.Column("receipt_purged_at", UtcDateTime()),
     sa.UniqueConstraint("tenant_id", "operation_id"),
     sa.UniqueConstraint("tenant_id", "provider", "idempotency_key"),
     sa.CheckConstraint(sql_check_constraint("status"), name="status_valid"),

@@ -24,7 +24,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from outbox import db
+from outbox import db, schema
 from outbox.api import StagedOperation, advance
 from outbox.digest import default_idempotency_key
 from tests.support.daemon import REPO_ROOT, http_provider, status_counts, write_config
@@ -83,14 +83,21 @@ def rows(engine: Engine, sql: str, **params: Any) -> list[dict[str, Any]]:
         return [dict(r) for r in conn.execute(sa.text(sql), params).mappings()]
 
 
+def _select(engine: Engine, table: sa.Table, operation_id: str | None) -> list[dict[str, Any]]:
+    """Typed rows (JSON columns decoded on both dialects), in id order."""
+    query = sa.select(table).order_by(table.c.id)
+    if operation_id is not None:
+        query = query.where(table.c.operation_id == operation_id)
+    with engine.connect() as conn:
+        return [dict(r) for r in conn.execute(query).mappings()]
+
+
 def operations(engine: Engine) -> dict[str, dict[str, Any]]:
-    return {r["operation_id"]: r for r in rows(engine, "SELECT * FROM outbox_operations")}
+    return {r["operation_id"]: r for r in _select(engine, schema.operations, None)}
 
 
 def operation(engine: Engine, operation_id: str) -> dict[str, Any]:
-    found = rows(
-        engine, "SELECT * FROM outbox_operations WHERE operation_id = :o", o=operation_id
-    )
+    found = _select(engine, schema.operations, operation_id)
     assert len(found) == 1, operation_id
     return found[0]
 
@@ -100,19 +107,11 @@ def status_of(engine: Engine, operation_id: str) -> str:
 
 
 def attempts_of(engine: Engine, operation_id: str | None = None) -> list[dict[str, Any]]:
-    if operation_id is None:
-        return rows(engine, "SELECT * FROM outbox_attempts ORDER BY id")
-    return rows(
-        engine, "SELECT * FROM outbox_attempts WHERE operation_id = :o ORDER BY id", o=operation_id
-    )
+    return _select(engine, schema.attempts, operation_id)
 
 
 def events_of(engine: Engine, operation_id: str | None = None) -> list[dict[str, Any]]:
-    if operation_id is None:
-        return rows(engine, "SELECT * FROM outbox_events ORDER BY id")
-    return rows(
-        engine, "SELECT * FROM outbox_events WHERE operation_id = :o ORDER BY id", o=operation_id
-    )
+    return _select(engine, schema.events, operation_id)
 
 
 def transitions(engine: Engine, operation_id: str) -> list[tuple[str | None, str | None]]:

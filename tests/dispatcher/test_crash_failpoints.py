@@ -141,7 +141,7 @@ def test_kill_after_the_receiver_applied_is_reconciled_not_resent(
         assert found["reason"] == "reconciled_found"
         row = operation(engine, op_id)
         assert row["receipt"]["reconciled"] is True
-        assert row["receipt"]["lookup"]["idempotency_key"] == key_of(op_id)
+        assert row["receipt"]["lookup"]["body"]["idempotency_key"] == key_of(op_id)
         assert [a["result_class"] for a in attempts_of(engine, op_id)] == ["lost"]
     engine.dispose()
 

@@ -30,22 +30,32 @@ def url_of(engine: Engine) -> str:
 
 def n_ops(engine: Engine, **where: str) -> int:
     clauses = " AND ".join(f"{k} = %s" for k in where) or "1 = 1"
-    return count(url_of(engine), f"SELECT count(*) FROM outbox_operations WHERE {clauses}",
-                 tuple(where.values()))
+    return count(
+        url_of(engine),
+        f"SELECT count(*) FROM outbox_operations WHERE {clauses}",
+        tuple(where.values()),
+    )
 
 
 def task_row(engine: Engine, task_id: str, tenant_id: str = T) -> dict[str, Any] | None:
     with engine.connect() as conn:
-        row = conn.execute(
-            sa.select(tasks_t).where(tasks_t.c.tenant_id == tenant_id, tasks_t.c.task_id == task_id)
-        ).mappings().first()
+        row = (
+            conn.execute(
+                sa.select(tasks_t).where(
+                    tasks_t.c.tenant_id == tenant_id, tasks_t.c.task_id == task_id
+                )
+            )
+            .mappings()
+            .first()
+        )
         conn.rollback()
     return dict(row) if row else None
 
 
 def op(operation_id: str, **payload: Any) -> StagedOperation:
-    return StagedOperation(operation_id=operation_id, provider="tickets",
-                           payload=payload or {"title": operation_id})
+    return StagedOperation(
+        operation_id=operation_id, provider="tickets", payload=payload or {"title": operation_id}
+    )
 
 
 @pytest.fixture
@@ -70,11 +80,24 @@ def test_rolled_back_agent_transaction_leaves_no_task_change_and_no_operation(
 
     with pytest.raises(AgentCrashed), engine.begin() as conn:
         conn.exec_driver_sql(f"INSERT INTO {agent_table} (id, note) VALUES (1, 'draft')")
-        task = api.advance(conn, "t1", tenant_id=T, expected_revision=1, phase="ticket",
-                           state={"n": 1}, operations=[op("ticket:create:1")])
+        task = api.advance(
+            conn,
+            "t1",
+            tenant_id=T,
+            expected_revision=1,
+            phase="ticket",
+            state={"n": 1},
+            operations=[op("ticket:create:1")],
+        )
         assert task.state_revision == 2 and len(task.operations) == 1
-        api.enqueue(conn, tenant_id=T, task_id="t1", operation_id="mail:1", provider="mail",
-                    payload={"to": "case-1"})
+        api.enqueue(
+            conn,
+            tenant_id=T,
+            task_id="t1",
+            operation_id="mail:1",
+            provider="mail",
+            payload={"to": "case-1"},
+        )
         raise AgentCrashed
 
     row = task_row(engine, "t1")
@@ -86,13 +109,21 @@ def test_rolled_back_agent_transaction_leaves_no_task_change_and_no_operation(
 
 def test_advance_creates_the_task_at_revision_zero_and_counts_up(engine: Engine) -> None:
     with engine.begin() as conn:
-        created = api.advance(conn, "t1", tenant_id=T, expected_revision=0, phase="p0",
-                              state={"step": 0}, workflow_version="wf-1")
+        created = api.advance(
+            conn,
+            "t1",
+            tenant_id=T,
+            expected_revision=0,
+            phase="p0",
+            state={"step": 0},
+            workflow_version="wf-1",
+        )
     assert (created.state_revision, created.phase, created.state) == (1, "p0", {"step": 0})
     assert created.workflow_version == "wf-1" and created.cancelled_at is None
     with engine.begin() as conn:
-        moved = api.advance(conn, "t1", tenant_id=T, expected_revision=1, phase="p1",
-                            state={"step": 1})
+        moved = api.advance(
+            conn, "t1", tenant_id=T, expected_revision=1, phase="p1", state={"step": 1}
+        )
     assert (moved.state_revision, moved.phase, moved.workflow_version) == (2, "p1", "wf-1")
     with engine.connect() as conn:
         loaded = api.load_task(conn, tenant_id=T, task_id="t1")
@@ -111,8 +142,15 @@ def test_stale_revision_raises_conflict_and_writes_nothing(
     with engine.begin() as conn:  # the caller may still commit its transaction afterwards
         conn.exec_driver_sql(f"INSERT INTO {agent_table} (id, note) VALUES (7, 'kept')")
         with pytest.raises(errors.RevisionConflict) as caught:
-            api.advance(conn, "t1", tenant_id=T, expected_revision=expected, phase="stale",
-                        state={"k": 99}, operations=[op("ticket:create:stale"), op("mail:stale")])
+            api.advance(
+                conn,
+                "t1",
+                tenant_id=T,
+                expected_revision=expected,
+                phase="stale",
+                state={"k": 99},
+                operations=[op("ticket:create:stale"), op("mail:stale")],
+            )
     assert caught.value.expected == expected  # type: ignore[attr-defined]
     assert caught.value.actual == 2  # type: ignore[attr-defined]
     assert task_row(engine, "t1") == before
@@ -132,8 +170,14 @@ def test_invalid_operation_in_advance_writes_nothing(engine: Engine) -> None:
         api.advance(conn, "t1", tenant_id=T, expected_revision=0, phase="p0")
     before = task_row(engine, "t1")
     with engine.begin() as conn, pytest.raises(errors.SecretInPayload):
-        api.advance(conn, "t1", tenant_id=T, expected_revision=1, phase="p1",
-                    operations=[op("ok:1"), op("bad:1", password="correct horse battery")])
+        api.advance(
+            conn,
+            "t1",
+            tenant_id=T,
+            expected_revision=1,
+            phase="p1",
+            operations=[op("ok:1"), op("bad:1", password="correct horse battery")],
+        )
     assert task_row(engine, "t1") == before and n_ops(engine) == 0
 
 
@@ -143,8 +187,14 @@ def test_advance_stages_operations_in_the_callers_transaction(engine: Engine) ->
         api.advance(conn, "t1", tenant_id=T, expected_revision=0)
     with engine.connect() as conn:
         tx = conn.begin()
-        task = api.advance(conn, "t1", tenant_id=T, expected_revision=1, phase="tickets",
-                           operations=[op("ticket:create:1"), op("ticket:create:2")])
+        task = api.advance(
+            conn,
+            "t1",
+            tenant_id=T,
+            expected_revision=1,
+            phase="tickets",
+            operations=[op("ticket:create:1"), op("ticket:create:2")],
+        )
         assert [o.operation_id for o in task.operations] == ["ticket:create:1", "ticket:create:2"]
         for staged in task.operations:
             assert staged.status is OperationStatus.PENDING
@@ -178,11 +228,23 @@ def test_enqueue_is_idempotent_across_key_order(engine: Engine) -> None:
     first_payload = {"customer": {"id": 42, "tier": "gold"}, "amount": 1250, "lines": [1, 2]}
     second_payload = {"lines": [1, 2], "amount": 1250, "customer": {"tier": "gold", "id": 42}}
     with engine.begin() as conn:
-        first = api.enqueue(conn, tenant_id=T, task_id="t1", operation_id="refund:1",
-                            provider="payments", payload=first_payload)
+        first = api.enqueue(
+            conn,
+            tenant_id=T,
+            task_id="t1",
+            operation_id="refund:1",
+            provider="payments",
+            payload=first_payload,
+        )
     with engine.begin() as conn:
-        again = api.enqueue(conn, tenant_id=T, task_id="t1", operation_id="refund:1",
-                            provider="payments", payload=second_payload)
+        again = api.enqueue(
+            conn,
+            tenant_id=T,
+            task_id="t1",
+            operation_id="refund:1",
+            provider="payments",
+            payload=second_payload,
+        )
     assert again.id == first.id
     assert again.payload_digest == first.payload_digest == payload_digest(first_payload)
     assert again.idempotency_key == first.idempotency_key == f"{T}:refund:1"
@@ -202,8 +264,13 @@ def test_enqueue_is_idempotent_across_key_order(engine: Engine) -> None:
 def test_enqueue_with_a_different_operation_under_the_same_id_is_refused(
     engine: Engine, change: dict[str, Any]
 ) -> None:
-    base: dict[str, Any] = {"tenant_id": T, "task_id": "t1", "operation_id": "refund:1",
-                            "provider": "payments", "payload": {"amount": 1250}}
+    base: dict[str, Any] = {
+        "tenant_id": T,
+        "task_id": "t1",
+        "operation_id": "refund:1",
+        "provider": "payments",
+        "payload": {"amount": 1250},
+    }
     with engine.begin() as conn:
         first = api.enqueue(conn, **base)
     with engine.begin() as conn, pytest.raises(errors.PayloadMismatch):
@@ -218,55 +285,123 @@ def test_payload_mismatch_inside_advance_writes_nothing(engine: Engine) -> None:
         api.advance(conn, "t1", tenant_id=T, expected_revision=0, operations=[op("a", v=1)])
     before = task_row(engine, "t1")
     with engine.begin() as conn, pytest.raises(errors.PayloadMismatch):
-        api.advance(conn, "t1", tenant_id=T, expected_revision=1,
-                    operations=[op("b"), op("a", v=2)])
+        api.advance(
+            conn, "t1", tenant_id=T, expected_revision=1, operations=[op("b"), op("a", v=2)]
+        )
     assert task_row(engine, "t1") == before and n_ops(engine) == 1
 
 
 def test_explicit_key_reused_by_another_operation_is_our_error(engine: Engine) -> None:
     with engine.begin() as conn:
-        api.enqueue(conn, tenant_id=T, task_id="t1", operation_id="op-1", provider="tickets",
-                    payload={"n": 1}, idempotency_key="order-77")
+        api.enqueue(
+            conn,
+            tenant_id=T,
+            task_id="t1",
+            operation_id="op-1",
+            provider="tickets",
+            payload={"n": 1},
+            idempotency_key="order-77",
+        )
     with engine.begin() as conn, pytest.raises(errors.DuplicateIdempotencyKey) as caught:
-        api.enqueue(conn, tenant_id=T, task_id="t1", operation_id="op-2", provider="tickets",
-                    payload={"n": 2}, idempotency_key="order-77")
+        api.enqueue(
+            conn,
+            tenant_id=T,
+            task_id="t1",
+            operation_id="op-2",
+            provider="tickets",
+            payload={"n": 2},
+            idempotency_key="order-77",
+        )
     assert caught.value.operation_id == "op-2"  # type: ignore[attr-defined]
     # Another provider (or another tenant) may use the same key.
     with engine.begin() as conn:
-        api.enqueue(conn, tenant_id=T, task_id="t1", operation_id="op-3", provider="mail",
-                    payload={"n": 3}, idempotency_key="order-77")
-        api.enqueue(conn, tenant_id="tenant-b", task_id="t1", operation_id="op-2",
-                    provider="tickets", payload={"n": 2}, idempotency_key="order-77")
+        api.enqueue(
+            conn,
+            tenant_id=T,
+            task_id="t1",
+            operation_id="op-3",
+            provider="mail",
+            payload={"n": 3},
+            idempotency_key="order-77",
+        )
+        api.enqueue(
+            conn,
+            tenant_id="tenant-b",
+            task_id="t1",
+            operation_id="op-2",
+            provider="tickets",
+            payload={"n": 2},
+            idempotency_key="order-77",
+        )
     assert n_ops(engine) == 3
 
 
 def test_explicit_key_equal_to_another_operations_default_key(engine: Engine) -> None:
     with engine.begin() as conn:
-        api.enqueue(conn, tenant_id=T, task_id="t1", operation_id="op-1", provider="tickets",
-                    payload={"n": 1})
+        api.enqueue(
+            conn,
+            tenant_id=T,
+            task_id="t1",
+            operation_id="op-1",
+            provider="tickets",
+            payload={"n": 1},
+        )
     with engine.begin() as conn, pytest.raises(errors.DuplicateIdempotencyKey):
-        api.enqueue(conn, tenant_id=T, task_id="t1", operation_id="op-2", provider="tickets",
-                    payload={"n": 2}, idempotency_key=f"{T}:op-1")
+        api.enqueue(
+            conn,
+            tenant_id=T,
+            task_id="t1",
+            operation_id="op-2",
+            provider="tickets",
+            payload={"n": 2},
+            idempotency_key=f"{T}:op-1",
+        )
 
 
 def test_default_key_equal_to_another_operations_explicit_key(engine: Engine) -> None:
     """The derived key of a new operation collides with a key given earlier."""
     with engine.begin() as conn:
-        api.enqueue(conn, tenant_id=T, task_id="t1", operation_id="op-1", provider="tickets",
-                    payload={"n": 1}, idempotency_key=f"{T}:op-2")
+        api.enqueue(
+            conn,
+            tenant_id=T,
+            task_id="t1",
+            operation_id="op-1",
+            provider="tickets",
+            payload={"n": 1},
+            idempotency_key=f"{T}:op-2",
+        )
     with engine.begin() as conn, pytest.raises(errors.DuplicateIdempotencyKey):
-        api.enqueue(conn, tenant_id=T, task_id="t1", operation_id="op-2", provider="tickets",
-                    payload={"n": 2})
+        api.enqueue(
+            conn,
+            tenant_id=T,
+            task_id="t1",
+            operation_id="op-2",
+            provider="tickets",
+            payload={"n": 2},
+        )
     assert n_ops(engine) == 1
 
 
 def test_reenqueue_without_key_returns_an_operation_staged_with_one(engine: Engine) -> None:
     with engine.begin() as conn:
-        first = api.enqueue(conn, tenant_id=T, task_id="t1", operation_id="op-1",
-                            provider="tickets", payload={"n": 1}, idempotency_key="k-1")
+        first = api.enqueue(
+            conn,
+            tenant_id=T,
+            task_id="t1",
+            operation_id="op-1",
+            provider="tickets",
+            payload={"n": 1},
+            idempotency_key="k-1",
+        )
     with engine.begin() as conn:
-        again = api.enqueue(conn, tenant_id=T, task_id="t1", operation_id="op-1",
-                            provider="tickets", payload={"n": 1})
+        again = api.enqueue(
+            conn,
+            tenant_id=T,
+            task_id="t1",
+            operation_id="op-1",
+            provider="tickets",
+            payload={"n": 1},
+        )
     assert again.id == first.id and again.idempotency_key == "k-1"
 
 
@@ -276,8 +411,14 @@ def test_reenqueue_without_key_returns_an_operation_staged_with_one(engine: Engi
 def test_secret_is_refused_at_enqueue_naming_the_path_not_the_value(engine: Engine) -> None:
     secret = "hunter2-but-much-longer-Zq8"
     with engine.begin() as conn, pytest.raises(errors.SecretInPayload) as caught:
-        api.enqueue(conn, tenant_id=T, task_id="t1", operation_id="login:1", provider="crm",
-                    payload={"customer": {"name": "Ada", "password": secret}})
+        api.enqueue(
+            conn,
+            tenant_id=T,
+            task_id="t1",
+            operation_id="login:1",
+            provider="crm",
+            payload={"customer": {"name": "Ada", "password": secret}},
+        )
     err = caught.value
     assert err.path == "$.customer.password"  # type: ignore[attr-defined]
     for text in (str(err), repr(err), repr(err.fields)):
@@ -292,8 +433,9 @@ def test_secret_is_refused_at_enqueue_naming_the_path_not_the_value(engine: Engi
 )
 def test_non_json_object_payload_is_refused(engine: Engine, payload: Any) -> None:
     with engine.begin() as conn, pytest.raises(errors.InvalidPayload):
-        api.enqueue(conn, tenant_id=T, task_id="t1", operation_id="x", provider="p",
-                    payload=payload)
+        api.enqueue(
+            conn, tenant_id=T, task_id="t1", operation_id="x", provider="p", payload=payload
+        )
     assert n_ops(engine) == 0
 
 
@@ -301,19 +443,38 @@ def test_payload_or_ref_required(engine: Engine) -> None:
     with engine.begin() as conn, pytest.raises(errors.InvalidPayload):
         api.enqueue(conn, tenant_id=T, task_id="t1", operation_id="x", provider="p")
     with engine.begin() as conn, pytest.raises(errors.InvalidPayload):
-        api.enqueue(conn, tenant_id=T, task_id="t1", operation_id="x", provider="p",
-                    payload_ref="s3://bucket/x")
+        api.enqueue(
+            conn,
+            tenant_id=T,
+            task_id="t1",
+            operation_id="x",
+            provider="p",
+            payload_ref="s3://bucket/x",
+        )
     digest = "sha256:" + "ab" * 32
     with engine.begin() as conn:
-        rec = api.enqueue(conn, tenant_id=T, task_id="t1", operation_id="x", provider="p",
-                          payload_ref="s3://bucket/x", payload_digest=digest)
+        rec = api.enqueue(
+            conn,
+            tenant_id=T,
+            task_id="t1",
+            operation_id="x",
+            provider="p",
+            payload_ref="s3://bucket/x",
+            payload_digest=digest,
+        )
     assert (rec.payload, rec.payload_ref, rec.payload_digest) == (None, "s3://bucket/x", digest)
 
 
 @pytest.mark.parametrize("field", ["tenant_id", "task_id", "operation_id", "provider"])
 def test_identity_fields_must_be_non_empty(engine: Engine, field: str) -> None:
-    args: dict[str, Any] = {"tenant_id": T, "task_id": "t1", "operation_id": "x",
-                            "provider": "p", "payload": {"a": 1}, field: "  "}
+    args: dict[str, Any] = {
+        "tenant_id": T,
+        "task_id": "t1",
+        "operation_id": "x",
+        "provider": "p",
+        "payload": {"a": 1},
+        field: "  ",
+    }
     with engine.begin() as conn, pytest.raises(errors.InvalidPayload):
         api.enqueue(conn, **args)
 
@@ -322,8 +483,14 @@ def test_identity_fields_must_be_non_empty(engine: Engine, field: str) -> None:
 
 
 def _raw_insert(conn: Connection, operation_id: str, tenant_id: str = T, **extra: Any) -> None:
-    values = {"tenant_id": tenant_id, "task_id": "t1", "operation_id": operation_id,
-              "provider": "p", "payload": '{"a": 1}', **extra}
+    values = {
+        "tenant_id": tenant_id,
+        "task_id": "t1",
+        "operation_id": operation_id,
+        "provider": "p",
+        "payload": '{"a": 1}',
+        **extra,
+    }
     cols = ", ".join(values)
     params = ", ".join(f":{k}" for k in values)
     conn.execute(sa.text(f"INSERT INTO outbox_operations ({cols}) VALUES ({params})"), values)
@@ -347,8 +514,13 @@ def test_status_check_refuses_an_unknown_status(engine: Engine) -> None:
         conn.execute(sa.text("UPDATE outbox_operations SET status = 'done'"))
     with engine.begin() as conn:  # every enum value passes the constraint
         for i, status in enumerate(OperationStatus):
-            _raw_insert(conn, f"s{i}", status=status.value, fencing_token=i,
-                        lease_expires_at="2030-01-01 00:00:00.000000")
+            _raw_insert(
+                conn,
+                f"s{i}",
+                status=status.value,
+                fencing_token=i,
+                lease_expires_at="2030-01-01 00:00:00.000000",
+            )
     assert n_ops(engine) == 1 + len(OperationStatus)
 
 
@@ -386,22 +558,33 @@ def _set_status(conn: Connection, operation_id: str, status: str) -> None:
 def test_cancel_task_cancels_pending_and_blocked_and_reports_the_rest(engine: Engine) -> None:
     statuses = ["pending", "blocked", "claimed", "dispatching", "unknown", "applied", "rejected"]
     with engine.begin() as conn:
-        api.advance(conn, "t1", tenant_id=T, expected_revision=0,
-                    operations=[op(f"op-{s}") for s in statuses])
+        api.advance(
+            conn,
+            "t1",
+            tenant_id=T,
+            expected_revision=0,
+            operations=[op(f"op-{s}") for s in statuses],
+        )
         api.advance(conn, "t2", tenant_id=T, expected_revision=0, operations=[op("other")])
         for s in statuses[1:]:
             _set_status(conn, f"op-{s}", s)
     with engine.begin() as conn:
-        result = api.cancel_task(conn, tenant_id=T, task_id="t1", actor="ops@example",
-                                 reason="customer withdrew")
+        result = api.cancel_task(
+            conn, tenant_id=T, task_id="t1", actor="ops@example", reason="customer withdrew"
+        )
     assert sorted(result.cancelled) == ["op-blocked", "op-pending"]
     assert sorted(result.too_late) == ["op-claimed", "op-dispatching", "op-unknown"]
 
     with engine.connect() as conn:
         task = api.load_task(conn, tenant_id=T, task_id="t1")
         events = conn.execute(
-            sa.select(events_t.c.operation_id, events_t.c.kind, events_t.c.from_status,
-                      events_t.c.to_status, events_t.c.actor).order_by(events_t.c.id)
+            sa.select(
+                events_t.c.operation_id,
+                events_t.c.kind,
+                events_t.c.from_status,
+                events_t.c.to_status,
+                events_t.c.actor,
+            ).order_by(events_t.c.id)
         ).all()
         other = api.get_operation(conn, tenant_id=T, operation_id="other")
     assert task.cancelled_at is not None and task.cancel_reason == "customer withdrew"
@@ -414,8 +597,9 @@ def test_cancel_task_cancels_pending_and_blocked_and_reports_the_rest(engine: En
     for s in ("claimed", "dispatching", "unknown", "applied", "rejected"):
         assert now[f"op-{s}"].status == s  # not recalled, not touched
     assert other.status is OperationStatus.PENDING  # another task: untouched
-    too_late = {(e.operation_id, e.from_status, e.to_status) for e in events
-                if e.kind == "cancel_too_late"}
+    too_late = {
+        (e.operation_id, e.from_status, e.to_status) for e in events if e.kind == "cancel_too_late"
+    }
     assert too_late == {(f"op-{s}", s, s) for s in ("claimed", "dispatching", "unknown")}
     moved = {(e.operation_id, e.to_status) for e in events if e.kind == "transition"}
     assert moved == {("op-pending", "cancelled"), ("op-blocked", "cancelled")}
@@ -424,8 +608,14 @@ def test_cancel_task_cancels_pending_and_blocked_and_reports_the_rest(engine: En
 
 def test_cancel_is_repeatable_and_creates_a_missing_task_row(engine: Engine) -> None:
     with engine.begin() as conn:
-        api.enqueue(conn, tenant_id=T, task_id="elsewhere", operation_id="op-1",
-                    provider="p", payload={"a": 1})
+        api.enqueue(
+            conn,
+            tenant_id=T,
+            task_id="elsewhere",
+            operation_id="op-1",
+            provider="p",
+            payload={"a": 1},
+        )
     with engine.begin() as conn:
         first = api.cancel_task(conn, tenant_id=T, task_id="elsewhere", actor="agent")
     assert first.cancelled == ("op-1",)
@@ -442,8 +632,10 @@ def test_plain_sql_cancellation_is_swept(engine: Engine) -> None:
         api.advance(conn, "t1", tenant_id=T, expected_revision=0, operations=[op("a"), op("b")])
         _set_status(conn, "b", "dispatching")
     with engine.begin() as conn:
-        conn.execute(sa.text("UPDATE outbox_tasks SET cancelled_at = :now WHERE task_id = 't1'"),
-                     {"now": "2030-01-01 00:00:00.000000"})
+        conn.execute(
+            sa.text("UPDATE outbox_tasks SET cancelled_at = :now WHERE task_id = 't1'"),
+            {"now": "2030-01-01 00:00:00.000000"},
+        )
     with engine.begin() as conn:
         swept = api.sweep_cancelled(conn)
     assert swept.cancelled == ("a",) and swept.too_late == ()

@@ -29,8 +29,14 @@ def url_of(engine: Engine) -> str:
 @pytest.fixture
 def staged(engine: Engine) -> int:
     with engine.begin() as conn:
-        rec = api.enqueue(conn, tenant_id=T, task_id="t1", operation_id="op-1",
-                          provider="tickets", payload={"title": "printer on fire"})
+        rec = api.enqueue(
+            conn,
+            tenant_id=T,
+            task_id="t1",
+            operation_id="op-1",
+            provider="tickets",
+            payload={"title": "printer on fire"},
+        )
     return rec.id
 
 
@@ -51,8 +57,9 @@ def test_immutable_column_update_is_refused_and_mapped(
     engine: Engine, staged: int, column: str
 ) -> None:
     with pytest.raises(errors.ImmutableField), mapped_errors(), engine.begin() as conn:
-        conn.execute(sa.update(ops_t).where(ops_t.c.id == staged)
-                     .values({column: IMMUTABLE[column]}))
+        conn.execute(
+            sa.update(ops_t).where(ops_t.c.id == staged).values({column: IMMUTABLE[column]})
+        )
     with engine.connect() as conn:
         rec = api.get_operation(conn, tenant_id=T, operation_id="op-1")
     assert rec.payload == {"title": "printer on fire"}
@@ -62,7 +69,7 @@ def test_immutable_column_update_is_refused_and_mapped(
 @pytest.mark.parametrize(
     "assignment",
     [
-        "payload = '{\"title\": \"replaced\"}'",
+        'payload = \'{"title": "replaced"}\'',
         "operation_id = 'op-renamed'",
         "tenant_id = 'tenant-b'",
         "idempotency_key = 'fresh-key'",
@@ -81,8 +88,12 @@ def test_immutable_column_update_is_refused_from_raw_sql(
 def test_dispatcher_columns_stay_writable(engine: Engine, staged: int) -> None:
     with mapped_errors(), engine.begin() as conn:
         conn.execute(
-            sa.update(ops_t).where(ops_t.c.id == staged).values(
-                status="blocked", status_reason="approval_missing", attempts=1,
+            sa.update(ops_t)
+            .where(ops_t.c.id == staged)
+            .values(
+                status="blocked",
+                status_reason="approval_missing",
+                attempts=1,
                 state_revision=ops_t.c.state_revision + 1,
                 payload=ops_t.c.payload,  # unchanged value: allowed
             )
@@ -108,10 +119,14 @@ def test_digest_and_key_may_be_filled_once_from_null(engine: Engine) -> None:
 
 # --------------------------------------------------------------------- append-only
 
-EVENT = ("INSERT INTO outbox_events (tenant_id, operation_id, kind, actor, reason) "
-         "VALUES ('tenant-a', 'op-1', 'transition', 'outbox', 'test')")
-ATTEMPT = ("INSERT INTO outbox_attempts (tenant_id, operation_id, attempt, result_class) "
-           "VALUES ('tenant-a', 'op-1', 1, 'applied')")
+EVENT = (
+    "INSERT INTO outbox_events (tenant_id, operation_id, kind, actor, reason) "
+    "VALUES ('tenant-a', 'op-1', 'transition', 'outbox', 'test')"
+)
+ATTEMPT = (
+    "INSERT INTO outbox_attempts (tenant_id, operation_id, attempt, result_class) "
+    "VALUES ('tenant-a', 'op-1', 1, 'applied')"
+)
 
 
 @pytest.fixture
@@ -124,8 +139,11 @@ def evidence(engine: Engine) -> None:
 @pytest.mark.parametrize("table", ["outbox_events", "outbox_attempts"])
 @pytest.mark.parametrize(
     "statement",
-    ["UPDATE {table} SET tenant_id = 'tenant-b'", "DELETE FROM {table}",
-     "DELETE FROM {table} WHERE id = 1"],
+    [
+        "UPDATE {table} SET tenant_id = 'tenant-b'",
+        "DELETE FROM {table}",
+        "DELETE FROM {table} WHERE id = 1",
+    ],
 )
 def test_append_only_tables_refuse_update_and_delete(
     engine: Engine, evidence: None, table: str, statement: str
@@ -157,8 +175,10 @@ def test_retention_path_may_delete_but_still_not_update(engine: Engine, evidence
         if engine.dialect.name == "postgresql":
             conn.exec_driver_sql("SET LOCAL outbox.retention_purge = 'on'")
         else:
-            conn.exec_driver_sql("INSERT INTO outbox_meta (tenant_id, name, value) "
-                                 "VALUES ('*', 'retention_purge', '1')")
+            conn.exec_driver_sql(
+                "INSERT INTO outbox_meta (tenant_id, name, value) "
+                "VALUES ('*', 'retention_purge', '1')"
+            )
         conn.exec_driver_sql("DELETE FROM outbox_events")
         if engine.dialect.name == "sqlite":
             conn.exec_driver_sql("DELETE FROM outbox_meta WHERE name = 'retention_purge'")
@@ -175,8 +195,10 @@ def test_retention_path_may_delete_but_still_not_update(engine: Engine, evidence
 def _raw_payload_insert(engine: Engine, operation_id: str, payload_text: str) -> None:
     with mapped_errors(), engine.begin() as conn:
         conn.execute(
-            sa.text("INSERT INTO outbox_operations (tenant_id, task_id, operation_id, provider, "
-                    "payload) VALUES ('tenant-a', 't1', :op, 'tickets', :payload)"),
+            sa.text(
+                "INSERT INTO outbox_operations (tenant_id, task_id, operation_id, provider, "
+                "payload) VALUES ('tenant-a', 't1', :op, 'tickets', :payload)"
+            ),
             {"op": operation_id, "payload": payload_text},
         )
 
@@ -189,9 +211,11 @@ def _payload_of_size(size: int) -> str:
 
 def test_default_limit_is_in_outbox_meta(engine: Engine) -> None:
     with engine.connect() as conn:
-        value = conn.execute(sa.text(
-            "SELECT value FROM outbox_meta WHERE tenant_id = '*' AND name = 'max_payload_bytes'"
-        )).scalar_one()
+        value = conn.execute(
+            sa.text(
+                "SELECT value FROM outbox_meta WHERE tenant_id = '*' AND name = 'max_payload_bytes'"
+            )
+        ).scalar_one()
     assert int(value) == DEFAULT_MAX_PAYLOAD_BYTES
 
 
@@ -201,8 +225,10 @@ def test_database_refuses_a_raw_payload_over_the_limit(engine: Engine) -> None:
         _raw_payload_insert(engine, "over", _payload_of_size(DEFAULT_MAX_PAYLOAD_BYTES + 1))
     with pytest.raises(sa.exc.DBAPIError, match="exceeds max_payload_bytes"), engine.begin() as c:
         c.execute(
-            sa.text("INSERT INTO outbox_operations (tenant_id, task_id, operation_id, provider, "
-                    "payload) VALUES ('tenant-a', 't1', 'over', 'tickets', :p)"),
+            sa.text(
+                "INSERT INTO outbox_operations (tenant_id, task_id, operation_id, provider, "
+                "payload) VALUES ('tenant-a', 't1', 'over', 'tickets', :p)"
+            ),
             {"p": _payload_of_size(DEFAULT_MAX_PAYLOAD_BYTES + 10)},
         )
     assert count(url_of(engine), "SELECT count(*) FROM outbox_operations") == 1
@@ -210,26 +236,41 @@ def test_database_refuses_a_raw_payload_over_the_limit(engine: Engine) -> None:
 
 def test_lowering_the_limit_in_outbox_meta_takes_effect(engine: Engine) -> None:
     with engine.begin() as conn:
-        conn.exec_driver_sql("UPDATE outbox_meta SET value = '200' "
-                             "WHERE tenant_id = '*' AND name = 'max_payload_bytes'")
+        conn.exec_driver_sql(
+            "UPDATE outbox_meta SET value = '200' "
+            "WHERE tenant_id = '*' AND name = 'max_payload_bytes'"
+        )
     _raw_payload_insert(engine, "small", _payload_of_size(200))
     with pytest.raises(errors.InvalidPayload):
         _raw_payload_insert(engine, "big", _payload_of_size(201))
     # The API's own (default, larger) limit does not matter: the database refuses it too.
     with engine.begin() as conn, pytest.raises(errors.InvalidPayload, match="max_payload_bytes"):
-        api.enqueue(conn, tenant_id=T, task_id="t1", operation_id="via-api", provider="tickets",
-                    payload={"text": "y" * 400})
+        api.enqueue(
+            conn,
+            tenant_id=T,
+            task_id="t1",
+            operation_id="via-api",
+            provider="tickets",
+            payload={"text": "y" * 400},
+        )
     assert count(url_of(engine), "SELECT count(*) FROM outbox_operations") == 1
 
 
 def test_api_limit_is_checked_before_writing(engine: Engine) -> None:
     with engine.begin() as conn, pytest.raises(errors.InvalidPayload) as caught:
-        api.enqueue(conn, tenant_id=T, task_id="t1", operation_id="big", provider="tickets",
-                    payload={"text": "z" * 100}, max_payload_bytes=50)
+        api.enqueue(
+            conn,
+            tenant_id=T,
+            task_id="t1",
+            operation_id="big",
+            provider="tickets",
+            payload={"text": "z" * 100},
+            max_payload_bytes=50,
+        )
     assert caught.value.limit == 50  # type: ignore[attr-defined]
 
 
-@pytest.mark.parametrize("text", ["not json", "{'single': 'quotes'}", "{\"a\": 1", ""])
+@pytest.mark.parametrize("text", ["not json", "{'single': 'quotes'}", '{"a": 1', ""])
 def test_invalid_json_text_is_refused(engine: Engine, text: str) -> None:
     if engine.dialect.name == "sqlite":
         with pytest.raises(errors.InvalidPayload, match="not valid JSON"):

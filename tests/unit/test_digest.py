@@ -34,8 +34,9 @@ scalars = (
 )
 json_values = st.recursive(
     scalars,
-    lambda children: st.lists(children, max_size=5)
-    | st.dictionaries(st.text(max_size=10), children, max_size=5),
+    lambda children: (
+        st.lists(children, max_size=5) | st.dictionaries(st.text(max_size=10), children, max_size=5)
+    ),
     max_leaves=15,
 )
 json_objects = st.dictionaries(st.text(max_size=10), json_values, max_size=6)
@@ -57,8 +58,9 @@ storable_objects = st.dictionaries(
     storable_keys,
     st.recursive(
         storable_scalars,
-        lambda children: st.lists(children, max_size=4)
-        | st.dictionaries(storable_keys, children, max_size=4),
+        lambda children: (
+            st.lists(children, max_size=4) | st.dictionaries(storable_keys, children, max_size=4)
+        ),
         max_leaves=20,
     ),
     max_size=6,
@@ -78,7 +80,9 @@ def shuffled(value: Any, rnd: random.Random) -> Any:
 
 @FAST
 @given(json_objects, st.randoms(use_true_random=False))
-def test_digest_ignores_key_order_at_every_depth(payload: dict[str, Any], rnd: random.Random) -> None:
+def test_digest_ignores_key_order_at_every_depth(
+    payload: dict[str, Any], rnd: random.Random
+) -> None:
     other = shuffled(payload, rnd)
     assert other == payload
     assert canonical_json(other) == canonical_json(payload)
@@ -113,9 +117,11 @@ def test_known_vector() -> None:
     """RFC 8785: sorted keys, no whitespace, shortest numbers; pinned so it never drifts."""
     payload = {"b": [True, None, 1.0, "é"], "a": {"z": 1e21, "y": -0.0}}
     assert canonical_json(payload) == '{"a":{"y":0,"z":1e+21},"b":[true,null,1,"é"]}'.encode()
-    assert payload_digest(payload) == DIGEST_PREFIX + hashlib.sha256(
-        '{"a":{"y":0,"z":1e+21},"b":[true,null,1,"é"]}'.encode()
-    ).hexdigest()
+    assert (
+        payload_digest(payload)
+        == DIGEST_PREFIX
+        + hashlib.sha256('{"a":{"y":0,"z":1e+21},"b":[true,null,1,"é"]}'.encode()).hexdigest()
+    )
 
 
 @pytest.mark.parametrize(
@@ -158,8 +164,14 @@ def test_digest_of_the_payload_read_back_equals_the_one_computed_before_insert(
     before = payload_digest(payload)
     operation_id = f"op-{uuid.uuid4().hex}"
     with engine.begin() as conn:
-        staged = api.enqueue(conn, tenant_id="t", task_id="k", operation_id=operation_id,
-                             provider="p", payload=payload)
+        staged = api.enqueue(
+            conn,
+            tenant_id="t",
+            task_id="k",
+            operation_id=operation_id,
+            provider="p",
+            payload=payload,
+        )
     assert staged.payload_digest == before
     with engine.connect() as conn:
         read = api.get_operation(conn, tenant_id="t", operation_id=operation_id)
@@ -181,16 +193,18 @@ def test_values_a_dialect_cannot_return_unchanged_are_refused_on_both(
     engine: Engine, payload: dict[str, Any], path: str
 ) -> None:
     with engine.begin() as conn, pytest.raises(errors.InvalidPayload) as caught:
-        api.enqueue(conn, tenant_id="t", task_id="k", operation_id="x", provider="p",
-                    payload=payload)
+        api.enqueue(
+            conn, tenant_id="t", task_id="k", operation_id="x", provider="p", payload=payload
+        )
     assert caught.value.path == path  # type: ignore[attr-defined]
 
 
 def test_large_non_integral_and_safe_integral_floats_are_accepted(engine: Engine) -> None:
     payload = {"a": 12345.678, "b": float(2**53 - 1), "c": 1e-300, "d": 0.1 + 0.2}
     with engine.begin() as conn:
-        api.enqueue(conn, tenant_id="t", task_id="k", operation_id="f", provider="p",
-                    payload=payload)
+        api.enqueue(
+            conn, tenant_id="t", task_id="k", operation_id="f", provider="p", payload=payload
+        )
     with engine.connect() as conn:
         read = api.get_operation(conn, tenant_id="t", operation_id="f")
     assert payload_digest(read.payload) == payload_digest(payload)

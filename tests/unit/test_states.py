@@ -26,8 +26,15 @@ S = OperationStatus
 DOC = Path(__file__).resolve().parents[2] / "docs" / "state-machine.md"
 
 CONTRACT_VALUES = {
-    "pending", "claimed", "dispatching", "applied", "verified", "rejected", "unknown",
-    "blocked", "cancelled",
+    "pending",
+    "claimed",
+    "dispatching",
+    "applied",
+    "verified",
+    "rejected",
+    "unknown",
+    "blocked",
+    "cancelled",
 }
 
 
@@ -50,7 +57,7 @@ def test_no_self_loops() -> None:
 
 def test_terminal_states_have_no_automatic_exits() -> None:
     assert {S.APPLIED, S.VERIFIED, S.REJECTED, S.CANCELLED} == TERMINAL
-    assert NON_TERMINAL == set(S) - TERMINAL
+    assert set(S) - TERMINAL == NON_TERMINAL
     for state in TERMINAL - {S.APPLIED}:
         assert TRANSITIONS[state] == frozenset(), state
     # applied may only be verified: never sent again, never back to pending
@@ -91,10 +98,18 @@ def test_dispatching_never_returns_to_claimed_and_leases_are_safe() -> None:
 
 def test_design_diagram_edges_are_allowed() -> None:
     edges = [
-        (S.PENDING, S.CLAIMED), (S.CLAIMED, S.DISPATCHING), (S.CLAIMED, S.BLOCKED),
-        (S.DISPATCHING, S.APPLIED), (S.DISPATCHING, S.REJECTED), (S.DISPATCHING, S.PENDING),
-        (S.DISPATCHING, S.UNKNOWN), (S.UNKNOWN, S.APPLIED), (S.UNKNOWN, S.PENDING),
-        (S.UNKNOWN, S.BLOCKED), (S.APPLIED, S.VERIFIED), (S.PENDING, S.CANCELLED),
+        (S.PENDING, S.CLAIMED),
+        (S.CLAIMED, S.DISPATCHING),
+        (S.CLAIMED, S.BLOCKED),
+        (S.DISPATCHING, S.APPLIED),
+        (S.DISPATCHING, S.REJECTED),
+        (S.DISPATCHING, S.PENDING),
+        (S.DISPATCHING, S.UNKNOWN),
+        (S.UNKNOWN, S.APPLIED),
+        (S.UNKNOWN, S.PENDING),
+        (S.UNKNOWN, S.BLOCKED),
+        (S.APPLIED, S.VERIFIED),
+        (S.PENDING, S.CANCELLED),
         (S.BLOCKED, S.CANCELLED),
     ]
     for old, new in edges:
@@ -129,21 +144,24 @@ def test_check_constraint_lists_every_value() -> None:
     listed = re.findall(r"'([a-z_]+)'", text)
     assert sorted(listed) == sorted(s.value for s in S)
     assert text.startswith("status IN (")
-    [check] = [c for c in schema.operations.constraints
-               if c.name == "ck_outbox_operations_status_valid"]
+    [check] = [
+        c for c in schema.operations.constraints if c.name == "ck_outbox_operations_status_valid"
+    ]
     assert str(check.sqltext) == text  # type: ignore[attr-defined]
 
 
 def test_database_check_constraint_lists_every_value(engine: Engine) -> None:
-    checks = {c["name"]: c["sqltext"] for c in sa.inspect(engine).get_check_constraints(
-        "outbox_operations")}
+    checks = {
+        c["name"]: c["sqltext"]
+        for c in sa.inspect(engine).get_check_constraints("outbox_operations")
+    }
     text = checks["ck_outbox_operations_status_valid"]
     assert sorted(re.findall(r"'([a-z_]+)'", text)) == sorted(s.value for s in S)
 
 
 def test_migration_check_constraint_matches_the_enum() -> None:
     """The shipped migration carries the same CHECK text as the enum."""
-    migration = (Path(schema.__file__).parent / "migrations" / "versions" / "0001_initial.py")
+    migration = Path(schema.__file__).parent / "migrations" / "versions" / "0001_initial.py"
     assert sql_check_constraint("status") in migration.read_text()
 
 

@@ -5,9 +5,9 @@ Revises: 0001
 Create Date: 2026-12-03 10:00:00.000000
 
 Both dialects: ``payload_purged_at`` / ``receipt_purged_at`` on ``outbox_operations``; the
-payload CHECK accepts a purged payload; the immutability and append-only rules let the
-retention path (and only it) null a finished operation's payload and the free-form
-``detail`` / ``evidence`` of events and attempts. PostgreSQL only: NOLOGIN roles (names
+immutability and append-only rules let the retention path (and only it) replace an
+operation's payload with the JSON value ``null`` (so the 0001 CHECK still holds) and null
+the free-form ``detail`` / ``evidence`` of events and attempts. PostgreSQL only: NOLOGIN roles (names
 from the Alembic config attributes ``agent_role`` ... or ``OUTBOXD_DATABASE_*_ROLE``),
 table and column grants, RLS enabled and FORCED on every outbox table with the tenant
 taken from the transaction-local ``outbox.tenant_id``, and the audited
@@ -40,9 +40,7 @@ TENANT = "current_setting('outbox.tenant_id', true)"
 PURGE_FLAG_PG = "COALESCE(current_setting('outbox.retention_purge', true), '') = 'on'"
 PURGE_FLAG_SQLITE = ("EXISTS (SELECT 1 FROM outbox_meta WHERE tenant_id = '*' "
                      "AND name = 'retention_purge' AND value = '1')")
-CHECK_NAME = "ck_outbox_operations_payload_or_ref"
-CHECK_OLD = "payload IS NOT NULL OR payload_ref IS NOT NULL"
-CHECK_NEW = CHECK_OLD + " OR payload_purged_at IS NOT NULL"
+FENCING = "outbox_fencing_seq"
 
 # Columns each role may UPDATE on outbox_operations (column-level grants).
 DISPATCHER_OPS = ("status", "fencing_token", "lease_owner", "lease_expires_at", "attempts",
@@ -57,9 +55,9 @@ RETENTION_OPS = ("payload", "receipt", "payload_purged_at", "receipt_purged_at",
 AGENT_TASKS = ("workflow_version", "state_revision", "phase", "state", "cancelled_at",
                "cancel_reason", "deadline_at", "max_attempts", "max_elapsed_seconds",
                "updated_at")
-# Everything but the bodies: what operators and monitoring may read.
+# Everything but the bodies: what operators and monitoring may read (columns as of 0002).
 BODIES = {OPS: ("payload", "receipt"), "outbox_attempts": ("evidence",),
-          "outbox_tasks": ("state",), "outbox_events": (), "outbox_approvals": ()}
+          "outbox_tasks": ("state",)}
 # Evidence columns that stay fixed when the retention path minimises events / attempts.
 EVENT_KEEP = ("id", "tenant_id", "task_id", "operation_id", "kind", "from_status",
               "to_status", "actor", "reason", "evidence_ref", "fencing_token", "created_at")
@@ -67,6 +65,20 @@ ATTEMPT_KEEP = ("id", "tenant_id", "operation_id", "attempt", "fencing_token", "
                 "provider", "started_at", "finished_at", "result_class", "status_code",
                 "error_class", "transport_phase", "request_digest", "duration_ms",
                 "evidence_ref", "created_at")
+COLUMNS = {
+    OPS: ("id", "tenant_id", "task_id", "operation_id", "provider", "payload", "payload_ref",
+          "payload_digest", "idempotency_key", "requires_approval", "deadline_at",
+          "ordering_key", "max_attempts", "max_elapsed_seconds", "workflow_version",
+          "payload_schema", "traceparent", "status", "fencing_token", "lease_owner",
+          "lease_expires_at", "attempts", "first_dispatched_at", "last_attempt_started_at",
+          "last_outcome", "next_attempt_at", "receipt", "status_reason", "state_revision",
+          "created_at", "updated_at", "payload_purged_at", "receipt_purged_at"),
+    "outbox_tasks": ("id", "tenant_id", "task_id", "workflow_version", "state_revision",
+                     "phase", "state", "cancelled_at", "cancel_reason", "deadline_at",
+                     "max_attempts", "max_elapsed_seconds", "legal_hold_owner",
+                     "legal_hold_review_at", "created_at", "updated_at"),
+    "outbox_attempts": (*ATTEMPT_KEEP, "evidence"),
+}
 
 
 # -- helpers -------------------------------------------------------------------------------
@@ -97,11 +109,6 @@ def _q(name: str) -> str:
     return f'"{schema}".{name}' if schema else name
 
 
-def _columns(table: str) -> list[str]:
-    inspector = sa.inspect(op.get_bind())
-    return [c["name"] for c in inspector.get_columns(table, schema=_schema())]
-
-
 def _cols(names: tuple[str, ...] | list[str]) -> str:
     return ", ".join(names)
 
@@ -113,26 +120,13 @@ def _dialect() -> str:
 # -- upgrade -------------------------------------------------------------------------------
 
 def upgrade() -> None:
+    schema = _schema()
+    for name in ("payload_purged_at", "receipt_purged_at"):
+        op.add_column(OPS, sa.Column(name, UtcDateTime(), nullable=True), schema=schema)
     if _dialect() == "sqlite":
-        for stmt in ddl.sqlite_drop_statements():
-            op.execute(stmt)
-        with op.batch_alter_table(OPS, recreate="always") as batch:
-            batch.add_column(sa.Column("payload_purged_at", UtcDateTime(), nullable=True))
-            batch.add_column(sa.Column("receipt_purged_at", UtcDateTime(), nullable=True))
-            batch.drop_constraint(CHECK_NAME, type_="check")
-            batch.create_check_constraint("payload_or_ref", CHECK_NEW)
-        for stmt in ddl.sqlite_statements():
-            op.execute(stmt)
         for stmt in _sqlite_purge_rules():
             op.execute(stmt)
         return
-    schema = _schema()
-    op.add_column(OPS, sa.Column("payload_purged_at", UtcDateTime(), nullable=True),
-                  schema=schema)
-    op.add_column(OPS, sa.Column("receipt_purged_at", UtcDateTime(), nullable=True),
-                  schema=schema)
-    op.drop_constraint(CHECK_NAME, OPS, type_="check", schema=schema)
-    op.execute(f"ALTER TABLE {_q(OPS)} ADD CONSTRAINT {CHECK_NAME} CHECK ({CHECK_NEW})")
     for stmt in [*_pg_purge_rules(), *_pg_roles(), *_pg_grants(), *_pg_policies(),
                  *_pg_reveal()]:
         op.execute(stmt)
@@ -143,7 +137,7 @@ def _sqlite_purge_rules() -> list[str]:
         CREATE TRIGGER outbox_operations_immutable BEFORE UPDATE ON outbox_operations
         WHEN NEW.tenant_id IS NOT OLD.tenant_id OR NEW.operation_id IS NOT OLD.operation_id
           OR NEW.task_id IS NOT OLD.task_id OR NEW.provider IS NOT OLD.provider
-          OR (NEW.payload IS NOT OLD.payload AND NOT (NEW.payload IS NULL
+          OR (NEW.payload IS NOT OLD.payload AND NOT (NEW.payload = 'null'
               AND NEW.payload_purged_at IS NOT NULL AND {PURGE_FLAG_SQLITE}))
           OR NEW.payload_ref IS NOT OLD.payload_ref
           OR (OLD.payload_purged_at IS NOT NULL
@@ -179,7 +173,8 @@ def _pg_purge_rules() -> list[str]:
         DECLARE payload_ok boolean;
         BEGIN
           payload_ok := NEW.payload IS NOT DISTINCT FROM OLD.payload
-            OR (NEW.payload IS NULL AND NEW.payload_purged_at IS NOT NULL AND {PURGE_FLAG_PG});
+            OR (NEW.payload = 'null'::jsonb AND NEW.payload_purged_at IS NOT NULL
+                AND {PURGE_FLAG_PG});
           IF NEW.tenant_id IS DISTINCT FROM OLD.tenant_id
              OR NEW.operation_id IS DISTINCT FROM OLD.operation_id
              OR NEW.task_id IS DISTINCT FROM OLD.task_id
@@ -238,7 +233,7 @@ def _pg_grants() -> list[str]:
     r = _roles()
     agent, disp, oper, ret = r["agent"], r["dispatcher"], r["operator"], r["retention"]
     t = {name: _q(name) for name in TABLES}
-    meta_cols = {name: [c for c in _columns(name) if c not in body]
+    meta_cols = {name: [c for c in COLUMNS[name] if c not in body]
                  for name, body in BODIES.items()}
     seq = {name: _q(f"{name}_id_seq") for name in SERIAL}
     return [
@@ -254,10 +249,12 @@ def _pg_grants() -> list[str]:
         # dispatcher: read everything, write only what it owns, append the records
         f"GRANT SELECT ON {_cols(list(t.values()))} TO {disp}",
         f"GRANT UPDATE ({_cols(DISPATCHER_OPS)}) ON {t[OPS]} TO {disp}",
+        # FOR UPDATE row locks (task budgets) need an UPDATE privilege on some column
+        f"GRANT UPDATE (updated_at) ON {t['outbox_tasks']} TO {disp}",
         f"GRANT INSERT ON {t['outbox_attempts']}, {t['outbox_events']} TO {disp}",
         f"GRANT UPDATE (consumed_at, consumed_fencing_token) ON {t['outbox_approvals']} "
         f"TO {disp}",
-        f"GRANT USAGE ON SEQUENCE {_q(ddl_fencing())}, {seq['outbox_attempts']}, "
+        f"GRANT USAGE ON SEQUENCE {_q(FENCING)}, {seq['outbox_attempts']}, "
         f"{seq['outbox_events']} TO {disp}",
         # operator: metadata without bodies; audited overrides; approvals; legal holds
         f"GRANT SELECT ({_cols(meta_cols[OPS])}) ON {t[OPS]} TO {oper}",
@@ -282,10 +279,6 @@ def _pg_grants() -> list[str]:
         f"GRANT UPDATE (reason), DELETE ON {t['outbox_approvals']} TO {ret}",
         f"GRANT USAGE ON SEQUENCE {seq['outbox_events']} TO {ret}",
     ]
-
-
-def ddl_fencing() -> str:
-    return "outbox_fencing_seq"
 
 
 def _pg_policies() -> list[str]:
@@ -352,29 +345,20 @@ def _pg_reveal() -> list[str]:
 # -- downgrade -----------------------------------------------------------------------------
 
 def downgrade() -> None:
-    purged = op.get_bind().execute(sa.text(
-        f"SELECT count(*) FROM {_q(OPS)} WHERE payload IS NULL AND payload_ref IS NULL"
-    )).scalar_one()
-    if purged:
-        raise RuntimeError(
-            f"cannot downgrade below 0002: {purged} operations have purged payloads, which "
-            "the 0001 schema cannot hold"
-        )
+    schema = _schema()
     if _dialect() == "sqlite":
-        for stmt in ddl.sqlite_drop_statements():
-            op.execute(stmt)
-        with op.batch_alter_table(OPS, recreate="always") as batch:
-            batch.drop_constraint(CHECK_NAME, type_="check")
-            batch.create_check_constraint("payload_or_ref", CHECK_OLD)
-            batch.drop_column("receipt_purged_at")
-            batch.drop_column("payload_purged_at")
+        replaced = ("outbox_operations_immutable", "outbox_events_append_only_update",
+                    "outbox_attempts_append_only_update")
+        for name in replaced:
+            op.execute(f"DROP TRIGGER IF EXISTS {name}")
+        _drop_columns(schema)
         for stmt in ddl.sqlite_statements():
-            op.execute(stmt)
+            if any(f"CREATE TRIGGER {name} " in stmt for name in replaced):
+                op.execute(stmt)
         return
-    schema, r = _schema(), _roles()
+    r = _roles()
     everyone = _cols(list(r.values()))
-    fn = _q("outbox_reveal_payload")
-    op.execute(f"DROP FUNCTION IF EXISTS {fn}(text, text, text, text)")
+    op.execute(f"DROP FUNCTION IF EXISTS {_q('outbox_reveal_payload')}(text, text, text, text)")
     for name in TABLES:
         table = _q(name)
         for policy in ("outbox_owner", "outbox_cross_tenant", "outbox_tenant",
@@ -383,17 +367,20 @@ def downgrade() -> None:
         op.execute(f"ALTER TABLE {table} NO FORCE ROW LEVEL SECURITY")
         op.execute(f"ALTER TABLE {table} DISABLE ROW LEVEL SECURITY")
         op.execute(f"REVOKE ALL ON {table} FROM {everyone}")
-    sequences = [_q(f"{n}_id_seq") for n in SERIAL] + [_q(ddl_fencing())]
+    sequences = [_q(f"{n}_id_seq") for n in SERIAL] + [_q(FENCING)]
     op.execute(f"REVOKE ALL ON SEQUENCE {_cols(sequences)} FROM {everyone}")
     if schema:
         op.execute(f'REVOKE USAGE ON SCHEMA "{schema}" FROM {everyone}')
-    # The roles stay: they are cluster-wide and may be in use by other databases.
+    # The roles stay: they are cluster-wide and other databases may use them.
     for stmt in ddl.postgresql_statements(schema):
         if "CREATE OR REPLACE FUNCTION" in stmt and (
             "outbox_operations_immutable" in stmt or "outbox_append_only" in stmt
         ):
             op.execute(stmt)
-    op.drop_constraint(CHECK_NAME, OPS, type_="check", schema=schema)
-    op.execute(f"ALTER TABLE {_q(OPS)} ADD CONSTRAINT {CHECK_NAME} CHECK ({CHECK_OLD})")
-    op.drop_column(OPS, "receipt_purged_at", schema=schema)
-    op.drop_column(OPS, "payload_purged_at", schema=schema)
+    _drop_columns(schema)
+
+
+def _drop_columns(schema: str | None) -> None:
+    # A purged payload is the JSON value null, which the 0001 CHECK accepts: nothing to undo.
+    for name in ("receipt_purged_at", "payload_purged_at"):
+        op.drop_column(OPS, name, schema=schema)

@@ -1,0 +1,194 @@
+"""The verifier: establish acceptance of ``applied`` effects, without repeating the write.
+
+For ``applied`` rows whose provider implements the optional ``verify(receipt)``
+(:class:`providers.base.Verifying`), the stored receipt is handed to the provider, which
+only *reads* from the receiver:
+
+* ``VERIFIED`` -> ``verified`` (a conditional update on the revision read, an
+  ``outbox_events`` row of kind ``verification`` with the evidence);
+* ``FAILED`` -> stays ``applied`` with ``status_reason = 'verification_failed'`` and an
+  event: the effect exists but was not accepted. It is never re-sent; a person decides
+  (``outboxd ops plan`` says ``escalate``);
+* ``INDETERMINATE`` (or the provider raised) -> asked again after
+  :data:`RETRY_SECONDS` (``next_attempt_at`` of an ``applied`` row is the next
+  verification time). A verifier timeout never becomes another create request.
+
+The job runs at daemon start-up (like reconciliation) and on the scheduler, so a crash
+between the receipt and its verification re-runs only the verifier: nothing here can
+send. Failpoint ``in_verify`` fires after ``verify`` returned, before its result is
+written. At start-up the job publishes which configured providers verify
+(``outbox_meta`` rows ``verifier:NAME``), which :func:`outbox.recovery.plan` reads to tell
+"applied, verification pending" from "applied, nothing to verify".
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import sqlalchemy as sa
+from prometheus_client import Counter
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import Engine
+
+from dispatcher import failpoints, journal, metrics
+from outbox import schema
+from outbox.records import OperationRecord
+from outbox.recovery import VERIFICATION_FAILED, VERIFIER_META_PREFIX
+from outbox.states import OperationStatus, check_transition
+from outbox.types import db_now
+from providers.base import Provider, Verifying, VerifyKind, VerifyResult, verifier_of
+
+log = logging.getLogger("outboxd.verifier")
+S = OperationStatus
+ops = schema.operations
+RETRY_SECONDS = 5.0
+DEFAULT_LIMIT = 200
+
+VERIFICATIONS = Counter(
+    "outbox_verifications_total",
+    "Verifications of applied effects by result.",
+    ["provider", "result"],
+    registry=metrics.REGISTRY,
+)
+
+
+@dataclass
+class VerifyCounts:
+    verified: int = 0
+    failed: int = 0
+    indeterminate: int = 0
+    lost_race: int = 0
+
+
+class Verifier:
+    def __init__(
+        self,
+        engine: Engine,
+        providers: Mapping[str, Provider],
+        *,
+        actor: str,
+        limit: int = DEFAULT_LIMIT,
+    ) -> None:
+        self.engine = engine
+        self.actor = actor
+        self.limit = limit
+        self.configured = sorted(providers)
+        self.verifiers: dict[str, Verifying] = {}
+        for name, provider in providers.items():
+            found = verifier_of(provider)
+            if found is not None:
+                self.verifiers[name] = found
+
+    def publish(self) -> None:
+        """Record which configured providers verify (read by ``outbox.recovery.plan``)."""
+        meta = schema.meta
+        insert = (postgresql if self.engine.dialect.name == "postgresql" else sqlite).insert
+        with self.engine.begin() as conn:
+            for name in self.configured:
+                stmt = insert(meta).values(
+                    tenant_id="*",
+                    name=VERIFIER_META_PREFIX + name,
+                    value="1" if name in self.verifiers else "0",
+                )
+                conn.execute(
+                    stmt.on_conflict_do_update(
+                        index_elements=[meta.c.tenant_id, meta.c.name],
+                        set_={"value": stmt.excluded.value},
+                    )
+                )
+
+    def due(self) -> list[OperationRecord]:
+        """``applied`` rows of verifying providers whose verification is due."""
+        if not self.verifiers:
+            return []
+        with self.engine.begin() as conn:
+            rows = conn.execute(
+                sa.select(ops)
+                .where(
+                    ops.c.status == S.APPLIED.value,
+                    ops.c.provider.in_(sorted(self.verifiers)),
+                    sa.or_(
+                        ops.c.status_reason.is_(None), ops.c.status_reason != VERIFICATION_FAILED
+                    ),
+                    sa.or_(ops.c.next_attempt_at.is_(None), ops.c.next_attempt_at <= db_now()),
+                )
+                .order_by(ops.c.id)
+                .limit(self.limit)
+            ).mappings()
+            return [OperationRecord.from_row(r) for r in rows]
+
+    def run_once(self) -> VerifyCounts:
+        counts = VerifyCounts()
+        for row in self.due():
+            try:
+                self._one(row, counts)
+            except Exception:  # one bad row or provider must not stop the others
+                log.exception("verification failed", extra={"operation_id": row.operation_id})
+        return counts
+
+    def _one(self, row: OperationRecord, counts: VerifyCounts) -> None:
+        receipt: Mapping[str, Any] = row.receipt if isinstance(row.receipt, dict) else {}
+        try:
+            result = self.verifiers[row.provider].verify(receipt)
+        except Exception as exc:
+            result = VerifyResult(VerifyKind.INDETERMINATE, reason=type(exc).__name__)
+        failpoints.hit("in_verify")
+        VERIFICATIONS.labels(row.provider, result.kind.value).inc()
+        match = sa.and_(
+            ops.c.id == row.id,
+            ops.c.state_revision == row.state_revision,
+            ops.c.status == S.APPLIED.value,
+        )
+        with self.engine.begin() as conn:
+            if result.kind == VerifyKind.INDETERMINATE:
+                conn.execute(
+                    sa.update(ops).where(match).values(next_attempt_at=db_now(RETRY_SECONDS))
+                )
+                counts.indeterminate += 1
+                return
+            verified = result.kind == VerifyKind.VERIFIED
+            to = S.VERIFIED if verified else S.APPLIED
+            if verified:
+                check_transition(S.APPLIED, S.VERIFIED)
+            moved = conn.execute(
+                sa.update(ops)
+                .where(match)
+                .values(
+                    status=to.value,
+                    status_reason=None if verified else VERIFICATION_FAILED,
+                    next_attempt_at=None,
+                    state_revision=ops.c.state_revision + 1,
+                    updated_at=db_now(),
+                )
+            ).rowcount
+            if not moved:
+                counts.lost_race += 1
+                return
+            journal.write(
+                conn,
+                [
+                    journal.event(
+                        row,
+                        from_status=S.APPLIED.value,
+                        to_status=to.value,
+                        actor=self.actor,
+                        reason=result.reason or result.kind.value,
+                        kind="verification" if verified else VERIFICATION_FAILED,
+                        detail={
+                            "verify": result.kind.value,
+                            "evidence": journal.bounded(result.evidence),
+                        },
+                    )
+                ],
+            )
+        if verified:
+            counts.verified += 1
+        else:
+            counts.failed += 1
+        log.info(
+            "verified" if verified else "verification failed",
+            extra={"operation_id": row.operation_id, "tenant": row.tenant_id},
+        )
