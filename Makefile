@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml
 install: $(STAMP) ## create .venv and install outboxd with its test extra
 
 lint: $(STAMP) ## ruff and mypy --strict
-	$(BIN)/ruff check outbox dispatcher providers tests
+	$(BIN)/ruff check outbox dispatcher providers tests examples
 	$(BIN)/mypy
 
 test: $(STAMP) lint ## set up, lint, and run the whole test suite

@@ -150,6 +150,7 @@ class Daemon:
                 listener.join(timeout=2)
             if self._server is not None:
                 self._server.shutdown()
+                self._server.server_close()
             self.worker.close()
             close_providers(self.providers)
             self.engine.dispose()

@@ -605,8 +605,12 @@ def render(report: DemoReport, *, keep: bool) -> str:
     lines.append(f"  final stop: SIGTERM, exit {report.final_exit_code}")
     lines += ["", f"unknown outcomes found: {len(report.unknown_found)}"]
     why = Counter(r for _, r in report.unknown_found)
+    explain = {
+        "lease_expired": "the dispatcher died while they were dispatching (lease expired)",
+        "dedup_window_passed": "an ambiguous attempt outside the receiver's dedup window",
+    }
     for reason, n in why.most_common():
-        lines.append(f"  {n:>4} x {reason}")
+        lines.append(f"  {n:>4} x {reason}: {explain.get(reason, 'see outbox_events')}")
     lines.append(f"resolved by reconciliation (outbox_events kind=reconciliation): "
                  f"{len(report.resolutions)}")
     for op_id, to, reason in report.resolutions:
@@ -637,6 +641,7 @@ def render(report: DemoReport, *, keep: bool) -> str:
             f"  outboxd status --config {cfg}",
             f"  outboxd ops list --status blocked --config {cfg}",
             f"  outboxd ops show {report.late} --config {cfg}",
+            f"  outboxd ops plan case-late --config {cfg}",
             f"  sqlite3 {report.workdir / 'demo.db'} "
             "\"SELECT operation_id, from_status, to_status, reason FROM outbox_events"
             " WHERE kind = 'reconciliation'\"",

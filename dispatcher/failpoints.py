@@ -1,9 +1,14 @@
 """Failpoints: kill or pause this process at a named point, for crash tests.
 
 ``OUTBOXD_FAILPOINTS="after_dispatching_commit=kill"`` (comma-separated ``name=action``;
-``action@N`` fires on the N-th hit only). Actions: ``kill`` (SIGKILL self), ``stop``
-(SIGSTOP self), ``exit`` (``os._exit(3)``), ``sleep:SECONDS``. Read once at import; when
-the variable is unset :func:`hit` is a dictionary miss and nothing else.
+``action@N`` fires on the N-th hit only; ``action%P`` fires on each hit with probability
+``P``, drawn from a generator seeded by ``OUTBOXD_FAILPOINT_SEED`` so a run reproduces).
+Actions: ``kill`` (SIGKILL self), ``stop`` (SIGSTOP self), ``exit`` (``os._exit(3)``),
+``sleep:SECONDS``. With ``OUTBOXD_FAILPOINT_LOG=FILE`` every firing appends a line
+``name action pid`` to FILE (one ``write`` on an ``O_APPEND`` descriptor, done before the
+action, so it survives the SIGKILL it announces): a chaos checker counts each point's
+firings from it. Read once at import; when the variable is unset :func:`hit` is a
+dictionary miss and nothing else.
 
 Points: ``after_claim_commit``, ``after_dispatching_commit``, ``after_send`` (the
 request was written and answered, nothing recorded yet), ``before_receipt_commit``,
@@ -13,6 +18,7 @@ request was written and answered, nothing recorded yet), ``before_receipt_commit
 from __future__ import annotations
 
 import os
+import random
 import signal
 import sys
 import threading
@@ -22,30 +28,50 @@ _lock = threading.Lock()
 _hits: dict[str, int] = {}
 
 
-def _parse(spec: str) -> dict[str, tuple[str, int | None]]:
-    points: dict[str, tuple[str, int | None]] = {}
+def _parse(spec: str) -> dict[str, tuple[str, int | None, float | None]]:
+    points: dict[str, tuple[str, int | None, float | None]] = {}
     for part in filter(None, (p.strip() for p in spec.split(","))):
         name, _, action = part.partition("=")
         nth: int | None = None
+        probability: float | None = None
         if "@" in action:
             action, _, n = action.partition("@")
             nth = int(n)
-        points[name.strip()] = (action.strip() or "kill", nth)
+        if "%" in action:
+            action, _, p = action.partition("%")
+            probability = float(p)
+        points[name.strip()] = (action.strip() or "kill", nth, probability)
     return points
 
 
 _POINTS = _parse(os.environ.get("OUTBOXD_FAILPOINTS", ""))
+_RNG = random.Random(os.environ.get("OUTBOXD_FAILPOINT_SEED") or None)
+_LOG = os.environ.get("OUTBOXD_FAILPOINT_LOG")
+
+
+def _record(name: str, action: str) -> None:
+    if not _LOG:
+        return
+    fd = os.open(_LOG, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, f"{name} {action} {os.getpid()}\n".encode())
+    finally:
+        os.close(fd)
 
 
 def hit(name: str) -> None:
     """Fire the failpoint ``name`` if one is configured."""
     if not _POINTS or name not in _POINTS:
         return
-    action, nth = _POINTS[name]
+    action, nth, probability = _POINTS[name]
     with _lock:
         _hits[name] = count = _hits.get(name, 0) + 1
+        draw = _RNG.random() if probability is not None else 0.0
     if nth is not None and count != nth:
         return
+    if probability is not None and draw >= probability:
+        return
+    _record(name, action)
     sys.stderr.write(f"outboxd: failpoint {name} -> {action}\n")
     sys.stderr.flush()
     if action == "kill":

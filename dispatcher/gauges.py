@@ -13,9 +13,11 @@ Every query is an index range scan bounded by what is *live*, never by the table
   order) — one index entry each.
 
 The terminal statuses (``applied``, ``verified``, ``rejected``, ``cancelled``) grow with
-the table, so counting them scans their part of the index: that runs at most once per
-``terminal_every_seconds`` (default 60 s), not on every refresh. Their series keep the
-last value in between.
+the table, so counting them scans their part of the index. That count is budgeted: it is
+repeated only after ``TERMINAL_COST_FACTOR`` times its own last duration has passed (at
+most every ``TERMINAL_MAX_INTERVAL_SECONDS``), so it takes at most ~1% of one connection's
+time — on every refresh for a small table, once every few minutes for a huge one. Their
+series keep the last value in between.
 """
 
 from __future__ import annotations
@@ -37,28 +39,37 @@ S = OperationStatus
 
 NON_TERMINAL = (S.PENDING, S.CLAIMED, S.DISPATCHING, S.UNKNOWN, S.BLOCKED)
 TERMINAL = tuple(s for s in OperationStatus if s not in NON_TERMINAL)
-TERMINAL_EVERY_SECONDS = 60.0
+TERMINAL_COST_FACTOR = 100.0
+TERMINAL_MAX_INTERVAL_SECONDS = 300.0
 
 #: Reasons that currently have a ``outbox_blocked_operations`` series (the gauge is global).
 _blocked_reasons: set[str] = set()
 
 
-def count_by_status(conn: Connection, statuses: tuple[OperationStatus, ...]) -> dict[str, int]:
-    rows = conn.execute(
+def count_statement(statuses: tuple[OperationStatus, ...]) -> sa.Select[Any]:
+    return (
         sa.select(ops.c.status, sa.func.count())
         .where(ops.c.status.in_([s.value for s in statuses]))
         .group_by(ops.c.status)
-    ).all()
+    )
+
+
+def blocked_statement() -> sa.Select[Any]:
+    return (
+        sa.select(ops.c.status_reason, sa.func.count())
+        .where(ops.c.status == S.BLOCKED.value)
+        .group_by(ops.c.status_reason)
+    )
+
+
+def count_by_status(conn: Connection, statuses: tuple[OperationStatus, ...]) -> dict[str, int]:
+    rows = conn.execute(count_statement(statuses)).all()
     found = {str(status): int(n) for status, n in rows}
     return {s.value: found.get(s.value, 0) for s in statuses}
 
 
 def blocked_by_reason(conn: Connection) -> dict[str, int]:
-    rows = conn.execute(
-        sa.select(ops.c.status_reason, sa.func.count())
-        .where(ops.c.status == S.BLOCKED.value)
-        .group_by(ops.c.status_reason)
-    ).all()
+    rows = conn.execute(blocked_statement()).all()
     return {str(reason or "unspecified"): int(n) for reason, n in rows}
 
 
@@ -94,24 +105,24 @@ def oldest_due_pending_age(conn: Connection) -> float:
 class GaugeRefresher:
     """The scheduler job: ``refresher()`` reads the database and sets the gauges."""
 
-    def __init__(self, engine: Engine, *, terminal_every_seconds: float = TERMINAL_EVERY_SECONDS):
+    def __init__(self, engine: Engine) -> None:
         self.engine = engine
-        self.terminal_every_seconds = terminal_every_seconds
         self._terminal_at: float | None = None
+        self._terminal_cost = 0.0
 
     def __call__(self) -> dict[str, int]:
         now = time.monotonic()
-        terminal_due = (
-            self._terminal_at is None or now - self._terminal_at >= self.terminal_every_seconds
-        )
+        wait = min(TERMINAL_MAX_INTERVAL_SECONDS, self._terminal_cost * TERMINAL_COST_FACTOR)
+        terminal_due = self._terminal_at is None or now - self._terminal_at >= wait
         with self.engine.connect() as conn:
             counts = count_by_status(conn, NON_TERMINAL)
             if terminal_due:
+                t0 = time.monotonic()
                 counts.update(count_by_status(conn, TERMINAL))
+                self._terminal_cost = time.monotonic() - t0
+                self._terminal_at = now
             reasons = blocked_by_reason(conn)
             oldest = oldest_due_pending_age(conn)
-        if terminal_due:
-            self._terminal_at = now
         for status, n in counts.items():
             metrics.OPERATIONS.labels(status).set(n)
         metrics.UNKNOWN_OPERATIONS.set(counts[S.UNKNOWN.value])

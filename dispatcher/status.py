@@ -31,11 +31,10 @@ def collect(cfg: Config) -> dict[str, Any]:
 
 
 def collect_from(conn: Connection) -> dict[str, Any]:
-    counts: dict[str, int] = dict(
-        conn.execute(sa.select(ops.c.status, sa.func.count()).group_by(ops.c.status))
-        .tuples()
-        .all()
-    )
+    counts: dict[str, int] = {
+        str(s): int(n)
+        for s, n in conn.execute(sa.select(ops.c.status, sa.func.count()).group_by(ops.c.status))
+    }
     reasons = conn.execute(
         sa.select(ops.c.status, ops.c.status_reason, sa.func.count())
         .where(ops.c.status.in_([OperationStatus.BLOCKED.value, OperationStatus.UNKNOWN.value]))

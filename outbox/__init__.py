@@ -20,6 +20,8 @@ from outbox.errors import (
     SecretInPayload,
 )
 from outbox.records import OperationRecord, TaskRecord
+from outbox.recovery import RecoveryPlan, Step
+from outbox.recovery import plan as recovery_plan
 from outbox.states import OperationStatus
 
 __all__ = [
@@ -28,9 +30,11 @@ __all__ = [
     "OperationStatus",
     "OutboxError",
     "PayloadMismatch",
+    "RecoveryPlan",
     "RevisionConflict",
     "SecretInPayload",
     "StagedOperation",
+    "Step",
     "TaskRecord",
     "advance",
     "approve",
@@ -41,5 +45,6 @@ __all__ = [
     "list_operations",
     "load_task",
     "payload_digest",
+    "recovery_plan",
     "revoke",
 ]

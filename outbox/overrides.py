@@ -29,7 +29,6 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 
 from outbox import errors, schema
-from outbox.api import get_operation
 from outbox.records import OperationRecord
 from outbox.recovery import MAYBE_APPLIED
 from outbox.states import OperationStatus, check_transition
@@ -155,8 +154,21 @@ def _apply(
 
 
 def _load(conn: Connection, tenant_id: str, operation_id: str) -> OperationRecord:
+    """The row without its bodies (the operator role may not read payload or receipt)."""
     set_tenant(conn, tenant_id)
-    return get_operation(conn, tenant_id=tenant_id, operation_id=operation_id)
+    columns = [col for col in ops_t.c if col.name not in ("payload", "receipt")]
+    row = (
+        conn.execute(
+            sa.select(*columns).where(
+                ops_t.c.tenant_id == tenant_id, ops_t.c.operation_id == operation_id
+            )
+        )
+        .mappings()
+        .first()
+    )
+    if row is None:
+        raise errors.OperationNotFound(tenant_id=tenant_id, operation_id=operation_id)
+    return OperationRecord.from_row({**row, "payload": None, "receipt": None})
 
 
 def resolve(
@@ -200,9 +212,7 @@ def resolve(
     values: dict[str, Any] = {}
     if outcome == "applied":
         to, status_reason = S.APPLIED, "operator_resolved_applied"
-        values["last_outcome"] = "resolved_applied"
-        if op.receipt is None:
-            values["receipt"] = {"override": True, "actor": who, "evidence_ref": ref}
+        values["last_outcome"] = "resolved_applied"  # the evidence is the event's
     elif outcome == "rejected":
         to, status_reason = S.REJECTED, "operator_resolved_rejected"
         values["last_outcome"] = "resolved_rejected"
@@ -249,6 +259,12 @@ def requeue(
     if op.status in (S.DISPATCHING, S.CLAIMED):
         raise OverrideRefused(
             "a dispatcher holds this operation; it is not requeued",
+            operation_id=operation_id,
+            status=op.status.value,
+        )
+    if op.status not in (S.BLOCKED, S.UNKNOWN, S.REJECTED):
+        raise OverrideRefused(
+            "only 'blocked', 'unknown' or 'rejected' operations are requeued",
             operation_id=operation_id,
             status=op.status.value,
         )

@@ -7,7 +7,7 @@
   ``payload_purged_at`` set; ``payload_digest`` stays (filled first where a plain-SQL row
   never got one), so the evidence still says *which* body was sent;
 * receipts of finished operations older than ``receipt_days`` become NULL
-  (``receipt_purged_at``);
+  (``receipt_purged_at``), and so does their attempts' ``evidence`` (response excerpts);
 * attempts, events and approvals older than their periods are deleted, unless they belong
   to an operation that is not finished (or, for task-level events, to a task with one);
 * a task under legal hold (``legal_hold_owner`` set) stops every purge of its records until
@@ -57,11 +57,18 @@ T = TypeVar("T")
 
 
 class RetentionPeriods(Protocol):
-    payload_days: float
-    receipt_days: float
-    attempts_days: float
-    events_days: float
-    approvals_days: float
+    """Days each record type is kept (``dispatcher.config.RetentionConfig`` is one)."""
+
+    @property
+    def payload_days(self) -> float: ...
+    @property
+    def receipt_days(self) -> float: ...
+    @property
+    def attempts_days(self) -> float: ...
+    @property
+    def events_days(self) -> float: ...
+    @property
+    def approvals_days(self) -> float: ...
 
 
 class ErasureRefused(errors.OutboxError):
@@ -99,10 +106,8 @@ def retention_path(conn: Connection) -> Iterator[None]:
     """Open the database rules' retention path for the rest of this block (same transaction)."""
     if conn.dialect.name == "postgresql":
         conn.execute(sa.select(sa.func.set_config("outbox.retention_purge", "on", True)))
-        try:
-            yield
-        finally:
-            conn.execute(sa.select(sa.func.set_config("outbox.retention_purge", "off", True)))
+        yield  # on an error the transaction is aborted and the local setting goes with it
+        conn.execute(sa.select(sa.func.set_config("outbox.retention_purge", "off", True)))
         return
     flag = meta.c.tenant_id == "*", meta.c.name == "retention_purge"
     conn.execute(sa.delete(meta).where(*flag))
@@ -207,6 +212,10 @@ def purge(
         receipt_due = sa.and_(finished, free, ops.c.receipt_purged_at.is_(None),
                               ops.c.receipt.isnot(None),
                               ops.c.updated_at < before(config.receipt_days))
+        # Attempt evidence (response excerpts) is receipt material: same period.
+        evidence_due = sa.and_(attempts.c.evidence.isnot(None),
+                               attempts.c.created_at < before(config.receipt_days),
+                               ~_needed(attempts))
         expired = sa.and_(ops.c.created_at < before(config.payload_days),
                           ~sa.and_(ops.c.status == "blocked", ops.c.status_reason == EXPIRED))
         deletions = [(attempts, attempts.c.created_at < before(config.attempts_days)),
@@ -215,7 +224,7 @@ def purge(
         deletions = [(t, sa.and_(old, ~_needed(t))) for t, old in deletions]
         hold = tasks.c.legal_hold_owner.isnot(None)
         overdue = sa.and_(hold, tasks.c.legal_hold_review_at < at)
-        common = {
+        common: dict[str, Any] = {
             "held_tasks": _count(conn, tasks, hold),
             "holds_overdue_review": _count(conn, tasks, overdue),
             "unfinished_past_retention": _count(conn, ops, sa.and_(
@@ -239,6 +248,8 @@ def purge(
                                     .values(receipt=sa.null(), receipt_purged_at=at))
             deleted = [conn.execute(sa.delete(t).where(_ids(t, where, limit))).rowcount
                        for t, where in deletions]
+            conn.execute(sa.update(attempts).where(_ids(attempts, evidence_due, limit))
+                         .values(evidence=sa.null()))
             blocked = _block(conn, expired, EXPIRED, actor, limit)
         return PurgeCounts(payloads=payloads.rowcount, receipts=receipts.rowcount,
                            attempts=deleted[0], events=deleted[1], approvals=deleted[2],

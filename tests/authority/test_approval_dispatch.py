@@ -53,9 +53,8 @@ def test_zero_sends_without_a_valid_matching_approval(db_url: str, tmp_path: Pat
     engine = engine_for(db_url)
     try:
         needs = {"requires_approval": True}
-        stage_task(engine, "case-1", {op: needs for op in
-                                      ("ok", "missing", "expired", "revoked", "forged")}
-                   | {"free": {}})
+        names = ("ok", "missing", "expired", "revoked", "forged")
+        stage_task(engine, "case-1", dict.fromkeys(names, needs) | {"free": {}})
         approve(engine, "ok", seconds=3600)
         expired = approve(engine, "expired", seconds=0.5).approval
         approve(engine, "revoked")
@@ -110,8 +109,8 @@ def test_release_checklist_idempotency_and_approvals(sqlite_url: str, tmp_path: 
     engine = engine_for(sqlite_url)
     try:
         needs = {"requires_approval": True}
-        stage_task(engine, "refund-8472", {op: needs for op in
-                                           ("retry_ok", "retry_late", "revoked", "forged")})
+        names = ("retry_ok", "retry_late", "revoked", "forged")
+        stage_task(engine, "refund-8472", dict.fromkeys(names, needs))
         approve(engine, "retry_ok")  # no expiry
         approve(engine, "retry_late", seconds=1.5)
         approve(engine, "revoked")
@@ -150,7 +149,7 @@ def test_release_checklist_idempotency_and_approvals(sqlite_url: str, tmp_path: 
                 wait_until(lambda: reason_of(engine, "retry_late")[0] == "applied", timeout=20)
                 old, new = _approvals_of(engine, "retry_late")
                 assert old.consumed_at is not None and new.consumed_at is not None
-                assert new.consumed_fencing_token > (old.consumed_fencing_token or 0)
+                assert (new.consumed_fencing_token or 0) > (old.consumed_fencing_token or 0)
                 assert effects_of(sim, "retry_late") == 1
             assert d.process is not None and d.process.returncode == 0
             for op, reason in (("revoked", "approval_revoked"), ("forged", "approval_mismatch")):

@@ -16,11 +16,12 @@ import signal
 import sqlite3
 import subprocess
 import sys
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
@@ -201,14 +202,16 @@ def config(
     dispatcher: dict[str, Any] | None = None,
     **provider: Any,
 ) -> Path:
-    """A config for one replica against ``sim`` with short leases."""
+    """A config for one replica against ``sim`` with short leases (a provider key given
+    as None is left out)."""
     settings: dict[str, Any] = {"lease_seconds": lease_seconds, **(dispatcher or {})}
     if worker_id is not None:
         settings["worker_id"] = worker_id
+    section = http_provider(sim, **{**FAST_PROVIDER, **provider})
     path = write_config(
         directory,
         db_url,
-        {PROVIDER: http_provider(sim, **{**FAST_PROVIDER, **provider})},
+        {PROVIDER: {k: v for k, v in section.items() if v is not None}},
         dispatcher=settings,
         name=name,
     )
@@ -262,3 +265,25 @@ def wire_sha256(payload: Any) -> str:
 
 def all_status(engine: Engine, status: str, total: int) -> Callable[[], bool]:
     return lambda: status_counts(engine).get(status, 0) == total
+
+
+def on(dialect: str, *values: Any) -> Any:
+    """A parametrize entry that runs on one dialect (``postgres`` entries carry the
+    ``postgres`` mark), for tests too slow to run on both; see :func:`url_for`."""
+    marks = [pytest.mark.postgres] if dialect == "postgres" else []
+    return pytest.param(dialect, *values, marks=marks, id="-".join([dialect, *map(str, values)]))
+
+
+def url_for(request: pytest.FixtureRequest, dialect: str) -> str:
+    url = request.getfixturevalue("sqlite_url" if dialect == "sqlite" else "pg_url")
+    assert isinstance(url, str)
+    return url
+
+
+@contextlib.contextmanager
+def engine_at(url: str) -> Iterator[Engine]:
+    engine = engine_for(url)
+    try:
+        yield engine
+    finally:
+        engine.dispose()

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import signal
 from pathlib import Path
+from typing import Any
 
 import pytest
+from sqlalchemy.engine import Engine
 
 from tests.dispatcher import (
     TENANT,
@@ -16,17 +18,19 @@ from tests.dispatcher import (
     attempts_of,
     config,
     effects,
-    engine_for,
+    engine_at,
     events_of,
     failpoints,
     fencing_monotonic,
     is_stopped,
     key_of,
+    on,
     operation,
     sim_bodies,
     stage,
     status_of,
     transitions,
+    url_for,
     wire_sha256,
 )
 from tests.support.daemon import DaemonProcess, status_counts, wait_until
@@ -42,8 +46,19 @@ def crash_at(cfg: Path, spec: str) -> None:
         assert crashing.wait(30) == KILLED, crashing.log_text()[-3000:]
 
 
-def test_kill_after_claim_commit_returns_rows_to_pending(db_url: str, tmp_path: Path) -> None:
-    engine = engine_for(db_url)
+def late_attempts(engine: Engine, op_id: str) -> list[dict[str, Any]]:
+    """Replica A's own record of its send (not the ``lost`` row lease recovery wrote in
+    its name)."""
+    return [
+        x
+        for x in attempts_of(engine, op_id)
+        if x["worker"] == "replica-a" and x["result_class"] != "lost"
+    ]
+
+
+def test_kill_after_claim_commit_returns_rows_to_pending(
+    db_url: str, engine: Engine, tmp_path: Path
+) -> None:
     ids = stage(engine, 3)
     with SimProcess(tmp_path) as sim:
         cfg = config(tmp_path, db_url, sim)
@@ -64,13 +79,11 @@ def test_kill_after_claim_commit_returns_rows_to_pending(db_url: str, tmp_path: 
         # never sent, so no attempt was recorded for the lost claim
         assert [a["result_class"] for a in attempts_of(engine, op_id)] == ["applied"]
     assert fencing_monotonic(engine) == []
-    engine.dispose()
 
 
 def test_kill_after_dispatching_commit_reconciles_not_found_then_sends_same_key(
-    db_url: str, tmp_path: Path
+    db_url: str, engine: Engine, tmp_path: Path
 ) -> None:
-    engine = engine_for(db_url)
     (op_id,) = stage(engine, 1)
     before = operation(engine, op_id)
     with SimProcess(tmp_path) as sim:
@@ -109,14 +122,27 @@ def test_kill_after_dispatching_commit_reconciles_not_found_then_sends_same_key(
     assert after["attempts"] == 2
     assert after["first_dispatched_at"] == row["first_dispatched_at"]  # never reset
     assert fencing_monotonic(engine) == []
-    engine.dispose()
 
 
-@pytest.mark.parametrize("point", ["after_send", "before_receipt_commit"])
+@pytest.mark.parametrize(
+    ("dialect", "point"),
+    [
+        on("sqlite", "after_send"),
+        on("postgres", "after_send"),
+        on("postgres", "before_receipt_commit"),
+    ],
+)
 def test_kill_after_the_receiver_applied_is_reconciled_not_resent(
-    db_url: str, tmp_path: Path, point: str
+    request: pytest.FixtureRequest, tmp_path: Path, dialect: str, point: str
 ) -> None:
-    engine = engine_for(db_url)
+    db_url = url_for(request, dialect)
+    with engine_at(db_url) as engine:
+        _kill_after_the_receiver_applied(engine, db_url, tmp_path, point)
+
+
+def _kill_after_the_receiver_applied(
+    engine: Engine, db_url: str, tmp_path: Path, point: str
+) -> None:
     ids = stage(engine, 2)
     with SimProcess(tmp_path) as sim:
         cfg = config(tmp_path, db_url, sim)
@@ -143,11 +169,20 @@ def test_kill_after_the_receiver_applied_is_reconciled_not_resent(
         assert row["receipt"]["reconciled"] is True
         assert row["receipt"]["lookup"]["body"]["idempotency_key"] == key_of(op_id)
         assert [a["result_class"] for a in attempts_of(engine, op_id)] == ["lost"]
-    engine.dispose()
 
 
-def test_response_dropped_after_apply_is_not_a_duplicate(db_url: str, tmp_path: Path) -> None:
-    engine = engine_for(db_url)
+@pytest.mark.parametrize("dialect", [on("sqlite")])
+def test_response_dropped_after_apply_is_not_a_duplicate(
+    request: pytest.FixtureRequest, tmp_path: Path, dialect: str
+) -> None:
+    db_url = url_for(request, dialect)
+    with engine_at(db_url) as engine:
+        _response_dropped_after_apply_is_not_a_duplicate(engine, db_url, tmp_path)
+
+
+def _response_dropped_after_apply_is_not_a_duplicate(
+    engine: Engine, db_url: str, tmp_path: Path
+) -> None:
     ids = stage(engine, 4)
     with SimProcess(tmp_path, "--p-drop-after-apply", "1.0") as sim:
         cfg = config(tmp_path, db_url, sim)
@@ -163,13 +198,22 @@ def test_response_dropped_after_apply_is_not_a_duplicate(db_url: str, tmp_path: 
         assert attempts[0]["transport_phase"] == "after_write"
         assert attempts[1]["evidence"]["replayed"] is True
         assert status_of(engine, op_id) == "applied"
-    engine.dispose()
 
 
-def test_stale_worker_with_a_response_in_hand_is_fenced(db_url: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("dialect", [on("postgres")])
+def test_stale_worker_with_a_response_in_hand_is_fenced(
+    request: pytest.FixtureRequest, tmp_path: Path, dialect: str
+) -> None:
+    db_url = url_for(request, dialect)
+    with engine_at(db_url) as engine:
+        _stale_worker_with_a_response_in_hand_is_fenced(engine, db_url, tmp_path)
+
+
+def _stale_worker_with_a_response_in_hand_is_fenced(
+    engine: Engine, db_url: str, tmp_path: Path
+) -> None:
     """Replica A sends, the receiver applies, A is SIGSTOPped before recording; its lease
     expires, B reconciles the row to applied; A resumes and its write matches no row."""
-    engine = engine_for(db_url)
     (op_id,) = stage(engine, 1)
     with SimProcess(tmp_path) as sim:
         cfg_a = config(tmp_path, db_url, sim, worker_id="replica-a", name="a.toml")
@@ -181,7 +225,7 @@ def test_stale_worker_with_a_response_in_hand_is_fenced(db_url: str, tmp_path: P
                 wait_until(all_status(engine, "applied", 1), timeout=20, message="applied")
                 a.signal(signal.SIGCONT)
                 wait_until(
-                    lambda: any(x["worker"] == "replica-a" for x in attempts_of(engine, op_id)),
+                    lambda: late_attempts(engine, op_id) != [],
                     timeout=20,
                     message="A's late attempt recorded",
                 )
@@ -190,24 +234,32 @@ def test_stale_worker_with_a_response_in_hand_is_fenced(db_url: str, tmp_path: P
         assert sim.stats()["requests"] == 1
     row = operation(engine, op_id)
     assert row["status"] == "applied" and row["receipt"]["reconciled"] is True
-    late = [x for x in attempts_of(engine, op_id) if x["worker"] == "replica-a"]
+    late = late_attempts(engine, op_id)
     assert [(x["result_class"], x["evidence"].get("fenced")) for x in late] == [("applied", True)]
     # A's stale outcome moved nothing: every transition after the lease loss is B's
     assert not [
-        e for e in events_of(engine, op_id) if e["actor"] == "replica-a" and e["to_status"] in (
-            "applied", "pending", "unknown")
+        e
+        for e in events_of(engine, op_id)
+        if e["actor"] == "replica-a" and e["to_status"] in ("applied", "pending", "unknown")
     ]
-    engine.dispose()
 
 
+@pytest.mark.parametrize("dialect", [on("sqlite")])
 def test_stale_worker_sending_late_is_refused_by_a_fencing_receiver(
-    db_url: str, tmp_path: Path
+    request: pytest.FixtureRequest, tmp_path: Path, dialect: str
+) -> None:
+    db_url = url_for(request, dialect)
+    with engine_at(db_url) as engine:
+        _stale_worker_sending_late_is_refused_by_a_fencing_receiver(engine, db_url, tmp_path)
+
+
+def _stale_worker_sending_late_is_refused_by_a_fencing_receiver(
+    engine: Engine, db_url: str, tmp_path: Path
 ) -> None:
     """Replica A commits ``dispatching`` and is SIGSTOPped before sending; B takes over
     (lease expired -> unknown -> not found -> pending -> applied with a newer token); A
     resumes and sends with its stale token: the receiver refuses it (412) and A's outcome
     is recorded as fenced, applied to no row."""
-    engine = engine_for(db_url)
     (op_id,) = stage(engine, 1)
     with SimProcess(tmp_path, "--enforce-fencing") as sim:
         cfg_a = config(tmp_path, db_url, sim, worker_id="replica-a", name="a.toml")
@@ -219,7 +271,7 @@ def test_stale_worker_sending_late_is_refused_by_a_fencing_receiver(
                 wait_until(all_status(engine, "applied", 1), timeout=20, message="applied")
                 a.signal(signal.SIGCONT)
                 wait_until(
-                    lambda: any(x["worker"] == "replica-a" for x in attempts_of(engine, op_id)),
+                    lambda: late_attempts(engine, op_id) != [],
                     timeout=20,
                     message="A's late attempt recorded",
                 )
@@ -229,10 +281,9 @@ def test_stale_worker_sending_late_is_refused_by_a_fencing_receiver(
         assert stats["requests"] == 2
     row = operation(engine, op_id)
     assert row["status"] == "applied" and row["fencing_token"] > stale_token
-    late = [x for x in attempts_of(engine, op_id) if x["worker"] == "replica-a"]
+    late = late_attempts(engine, op_id)
     assert [(x["fencing_token"], x["status_code"], x["evidence"].get("fenced")) for x in late] == [
         (stale_token, 412, True)
     ]
     assert fencing_monotonic(engine) == []
     assert row["tenant_id"] == TENANT
-    engine.dispose()

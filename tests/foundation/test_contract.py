@@ -426,16 +426,13 @@ def test_secret_is_refused_at_enqueue_naming_the_path_not_the_value(engine: Engi
     assert n_ops(engine) == 0
 
 
-@pytest.mark.parametrize(
-    "payload",
-    [["not", "an", "object"], "text", 3, {"x": float("nan")}, {"x": object()}],
-    ids=["list", "str", "int", "nan", "object"],
-)
-def test_non_json_object_payload_is_refused(engine: Engine, payload: Any) -> None:
-    with engine.begin() as conn, pytest.raises(errors.InvalidPayload):
-        api.enqueue(
-            conn, tenant_id=T, task_id="t1", operation_id="x", provider="p", payload=payload
-        )
+def test_non_json_object_payload_is_refused(engine: Engine) -> None:
+    bad: list[Any] = [["not", "an", "object"], "text", 3, {"x": float("nan")}, {"x": object()}]
+    for payload in bad:
+        with engine.begin() as conn, pytest.raises(errors.InvalidPayload):
+            api.enqueue(
+                conn, tenant_id=T, task_id="t1", operation_id="x", provider="p", payload=payload
+            )
     assert n_ops(engine) == 0
 
 
@@ -465,18 +462,20 @@ def test_payload_or_ref_required(engine: Engine) -> None:
     assert (rec.payload, rec.payload_ref, rec.payload_digest) == (None, "s3://bucket/x", digest)
 
 
-@pytest.mark.parametrize("field", ["tenant_id", "task_id", "operation_id", "provider"])
-def test_identity_fields_must_be_non_empty(engine: Engine, field: str) -> None:
-    args: dict[str, Any] = {
-        "tenant_id": T,
-        "task_id": "t1",
-        "operation_id": "x",
-        "provider": "p",
-        "payload": {"a": 1},
-        field: "  ",
-    }
-    with engine.begin() as conn, pytest.raises(errors.InvalidPayload):
-        api.enqueue(conn, **args)
+def test_identity_fields_must_be_non_empty(engine: Engine) -> None:
+    for field in ("tenant_id", "task_id", "operation_id", "provider"):
+        args: dict[str, Any] = {
+            "tenant_id": T,
+            "task_id": "t1",
+            "operation_id": "x",
+            "provider": "p",
+            "payload": {"a": 1},
+            field: "  ",
+        }
+        with engine.begin() as conn, pytest.raises(errors.InvalidPayload) as caught:
+            api.enqueue(conn, **args)
+        assert caught.value.field == field  # type: ignore[attr-defined]
+    assert n_ops(engine) == 0
 
 
 # --------------------------------------------------------------------- constraints

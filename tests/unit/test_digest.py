@@ -23,7 +23,7 @@ from outbox.digest import (
 )
 
 MAX_SAFE = 2**53 - 1
-FAST = settings(max_examples=60, deadline=None)
+FAST = settings(max_examples=40, deadline=None)
 
 scalars = (
     st.none()

@@ -236,7 +236,10 @@ def _pg_grants() -> list[str]:
     meta_cols = {name: [c for c in COLUMNS[name] if c not in body]
                  for name, body in BODIES.items()}
     seq = {name: _q(f"{name}_id_seq") for name in SERIAL}
+    everyone = _cols(list(r.values()))
     return [
+        # every role: the schema revision (the daemon and readiness check it)
+        f"GRANT SELECT ON {_q('alembic_version')} TO {everyone}",
         # agent: its tenant's tasks and operations; cancel; read its own rows
         f"GRANT SELECT, INSERT ON {t['outbox_tasks']}, {t[OPS]} TO {agent}",
         f"GRANT UPDATE ({_cols(AGENT_TASKS)}) ON {t['outbox_tasks']} TO {agent}",
@@ -367,6 +370,7 @@ def downgrade() -> None:
         op.execute(f"ALTER TABLE {table} NO FORCE ROW LEVEL SECURITY")
         op.execute(f"ALTER TABLE {table} DISABLE ROW LEVEL SECURITY")
         op.execute(f"REVOKE ALL ON {table} FROM {everyone}")
+    op.execute(f"REVOKE ALL ON {_q('alembic_version')} FROM {everyone}")
     sequences = [_q(f"{n}_id_seq") for n in SERIAL] + [_q(FENCING)]
     op.execute(f"REVOKE ALL ON SEQUENCE {_cols(sequences)} FROM {everyone}")
     if schema:

@@ -1,0 +1,667 @@
+"""The nemesis runner: real processes, a seeded schedule of faults, a drain, a check.
+
+One run (:func:`run`) starts
+
+* a database: a throwaway PostgreSQL cluster of its own (``initdb``/``pg_ctl``, never the
+  machine's shared server) behind :class:`tests.chaos.proxy.FaultProxy`, or a SQLite file;
+* ``outboxd sim`` with seeded faults, key retention equal to what the provider declares,
+  and fencing enforced;
+* 2-3 ``outboxd run`` replicas (on PostgreSQL one of them under ``faketime +10m`` when
+  libfaketime is installed), with probabilistic failpoint kills at every protocol step;
+* an agent loop (a thread of the runner) that commits tasks with their operations through
+  ``outbox.api.advance`` and logs each commit as ok / fail / info, Jepsen style;
+
+then applies the seeded schedule — SIGKILL and restart of a replica, SIGSTOP/SIGCONT past
+the lease, PostgreSQL immediate shutdown and restart, ``pg_terminate_backend`` of the
+dispatchers' connections, proxy delay / blackhole / reset / COMMIT-reply drop, sim fault
+bursts (apply-then-drop, 5xx before and after, 429, slow), receiver key pruning (keys past
+the declared retention), task cancellations — stops the faults, drains, and hands
+everything to :func:`tests.chaos.checker.check`.
+
+The *schedule* and the receiver's fault dice are functions of the seed; the interleaving
+of real processes is not. A failing run prints its seed and the command that replays the
+same schedule (``python -m tests.chaos.soak --seed ...``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import random
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+
+from outbox import db, errors, migrate
+from outbox.api import StagedOperation, advance, cancel_task
+from tests.chaos.checker import Report, check, rto_figures
+from tests.chaos.proxy import FaultProxy
+from tests.support.daemon import REPO_ROOT, DaemonProcess, http_provider, write_config
+from tests.support.sim import SimProcess
+
+TENANT = "chaos"
+PROVIDER = "sim"
+FAILPOINTS = ("after_claim_commit", "after_dispatching_commit", "after_send",
+              "before_receipt_commit", "in_reconcile")
+FAKETIME_LIB = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"
+NON_FINAL = ("pending", "claimed", "dispatching", "unknown")
+
+
+@dataclass
+class ChaosConfig:
+    seed: int = 1
+    dialect: str = "postgres"  # or "sqlite"
+    operations: int = 5000
+    replicas: int = 3
+    fault_seconds: float = 60.0
+    ops_per_commit: int = 10
+    lease_seconds: float = 2.0
+    kills: int = 40
+    pauses: int = 70
+    db_restarts: int = 2
+    pg_terminates: int = 6
+    proxy_faults: int = 12
+    sim_bursts: int = 8
+    prunes: int = 10
+    cancels: int = 10
+    failpoint_p: dict[str, float] = field(default_factory=lambda: {
+        "after_claim_commit": 0.02, "after_dispatching_commit": 0.02, "after_send": 0.02,
+        "before_receipt_commit": 0.02, "in_reconcile": 0.05})
+    retention_seconds: float = 8.0  # sim key retention == the provider's declared window
+    control: bool = False  # the sim ignores keys while the provider claims a window
+    faketime: bool = True
+    drain_timeout: float = 120.0
+    workdir: str | None = None
+    keep: bool = False
+    verbose: bool = False
+
+    def command(self) -> str:
+        flags = (f"--seed {self.seed} --dialect {self.dialect} --operations {self.operations}"
+                 f" --fault-seconds {self.fault_seconds:g} --kills {self.kills}"
+                 f" --pauses {self.pauses} --db-restarts {self.db_restarts}")
+        return f"python -m tests.chaos.soak {flags}" + (" --control" if self.control else "")
+
+
+# -- the schedule ----------------------------------------------------------------------------
+
+@dataclass(order=True)
+class Event:
+    at: float
+    kind: str
+    arg: Any = None
+
+
+def schedule(cfg: ChaosConfig) -> list[Event]:
+    """The seeded fault schedule: a pure function of the configuration."""
+    rng = random.Random(f"schedule:{cfg.seed}")
+    d = cfg.fault_seconds
+    events: list[Event] = []
+
+    def spread(n: int, kind: str, make: Callable[[], Any], lo: float = 0.03) -> None:
+        for _ in range(n):
+            events.append(Event(rng.uniform(lo * d, 0.97 * d), kind, make()))
+
+    spread(cfg.kills, "kill", lambda: (rng.randrange(cfg.replicas), rng.uniform(0.2, 0.8)))
+    spread(cfg.pauses, "pause", lambda: (rng.randrange(cfg.replicas),
+                                         cfg.lease_seconds + rng.uniform(0.3, 1.5)))
+    spread(cfg.prunes, "prune", lambda: None)
+    spread(cfg.cancels, "cancel", rng.random)
+    spread(cfg.sim_bursts, "sim", lambda: (
+        rng.choice(["p_drop_after_apply", "p_5xx_before", "p_5xx_after", "p_429", "p_503",
+                    "p_slow"]), rng.uniform(0.1, 0.3), rng.uniform(1.0, 3.0)))
+    if cfg.dialect == "postgres":
+        for i in range(cfg.db_restarts):  # evenly spread, jittered
+            slot = d / (cfg.db_restarts + 1)
+            events.append(Event(slot * (i + 1) + rng.uniform(-0.2, 0.2) * slot, "db_restart"))
+        spread(cfg.pg_terminates, "pg_terminate", lambda: None)
+        spread(cfg.proxy_faults, "proxy", lambda: (
+            rng.choice(["delay", "blackhole", "reset", "drop_commit_reply"]),
+            rng.uniform(0.5, 2.0)))
+    return sorted(events)
+
+
+# -- processes ---------------------------------------------------------------------------------
+
+class Replica:
+    """One ``outboxd run`` slot: restarted with a new generation (worker id) after a kill."""
+
+    def __init__(self, index: int, config: Path, env: dict[str, str], workdir: Path) -> None:
+        self.index = index
+        self.config = config
+        self.base_env = env
+        self.workdir = workdir
+        self.generation = 0
+        self.proc: DaemonProcess | None = None
+        self.paused_until: float | None = None
+        self.dead_since: float | None = None
+        self.restart_at: float | None = None
+        self._ready = False
+
+    @property
+    def worker_id(self) -> str:
+        return f"r{self.index}g{self.generation}"
+
+    def start(self, *, failpoints: str | None, seed: int) -> None:
+        self.generation += 1
+        env = {**self.base_env, "OUTBOXD_DISPATCHER_WORKER_ID": self.worker_id,
+               "OUTBOXD_FAILPOINT_SEED": f"{seed}:{self.index}:{self.generation}"}
+        if failpoints:
+            env["OUTBOXD_FAILPOINTS"] = failpoints
+        self.proc = DaemonProcess(self.config, env=env)
+        self._ready = False
+        self.paused_until = self.dead_since = self.restart_at = None
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.alive()
+
+    def ready(self) -> bool:
+        """Started up (its log says so) and still running: worth a fault."""
+        if not self.alive():
+            return False
+        if not self._ready:
+            assert self.proc is not None
+            self._ready = "dispatcher started" in self.proc.log_text()
+        return self._ready
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.alive():
+            self.proc.signal(signal.SIGKILL)
+            self.proc.process.wait(timeout=10)  # type: ignore[union-attr]
+        self.paused_until = None
+
+    def pause(self) -> None:
+        if self.alive():
+            self.proc.signal(signal.SIGSTOP)  # type: ignore[union-attr]
+
+    def resume(self) -> None:
+        if self.alive():
+            self.proc.signal(signal.SIGCONT)  # type: ignore[union-attr]
+        self.paused_until = None
+
+    def close(self) -> None:
+        if self.proc is not None:
+            with contextlib.suppress(Exception):
+                if self.proc.alive():
+                    self.proc.signal(signal.SIGCONT)
+                self.kill()
+            if self.proc._log is not None:
+                self.proc._log.close()
+
+
+@dataclass
+class AgentLog:
+    ok: list[str] = field(default_factory=list)  # operation ids acknowledged committed
+    failed: list[str] = field(default_factory=list)  # definitely not committed, gave up
+    info: list[str] = field(default_factory=list)  # commit outcome unknown, gave up
+    recovered_commits: int = 0  # an info commit later shown committed (revision conflict)
+    fail_attempts: int = 0
+    info_attempts: int = 0
+    tasks: list[str] = field(default_factory=list)  # acknowledged task ids
+    cancels: list[tuple[str, float]] = field(default_factory=list)  # task, ack wall time
+
+
+class Agent(threading.Thread):
+    """Commits tasks with their operations, paced to spread ``operations`` over ``seconds``;
+    each commit is logged ok / fail / info and a failed or uncertain one is retried with
+    the same ids (the outbox API is idempotent on them)."""
+
+    def __init__(self, engine: Engine, cfg: ChaosConfig, seconds: float) -> None:
+        super().__init__(name="chaos-agent", daemon=True)
+        self.engine = engine
+        self.cfg = cfg
+        self.seconds = seconds
+        self.log = AgentLog()
+        self.stop = threading.Event()
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self._run()
+        except BaseException as exc:  # reported by the runner
+            self.error = exc
+
+    def _run(self) -> None:
+        per = self.cfg.ops_per_commit
+        tasks = (self.cfg.operations + per - 1) // per
+        t0 = time.monotonic()
+        for t in range(tasks):
+            if self.stop.is_set():
+                return
+            due = t0 + self.seconds * t / tasks
+            if (wait := due - time.monotonic()) > 0:
+                time.sleep(wait)
+            task_id = f"task-{t:06d}"
+            n = min(per, self.cfg.operations - t * per)
+            ops = [f"op-{t:06d}-{j:03d}" for j in range(n)]
+            self._commit(task_id, ops)
+
+    def _commit(self, task_id: str, ops: list[str]) -> None:
+        uncertain = False
+        for attempt in range(40):
+            if self.stop.is_set():
+                break
+            outcome = self._try(task_id, ops, retrying=attempt > 0)
+            if outcome == "ok":
+                self.log.ok.extend(ops)
+                self.log.tasks.append(task_id)
+                if uncertain:
+                    self.log.recovered_commits += 1
+                return
+            if outcome == "info":
+                uncertain = True
+                self.log.info_attempts += 1
+            else:
+                self.log.fail_attempts += 1
+            time.sleep(min(2.0, 0.05 * 2 ** min(attempt, 5)))
+        (self.log.info if uncertain else self.log.failed).extend(ops)
+
+    def _try(self, task_id: str, ops: list[str], *, retrying: bool) -> str:
+        try:
+            conn = self.engine.connect()
+        except Exception:
+            return "fail"
+        try:
+            try:
+                trans = conn.begin()
+                advance(
+                    conn, task_id, tenant_id=TENANT, expected_revision=0, phase="staged",
+                    operations=[StagedOperation(operation_id=o, provider=PROVIDER,
+                                                payload={"op": o, "amount": i + 1})
+                                for i, o in enumerate(ops)],
+                )
+            except errors.RevisionConflict:
+                # the task exists: an earlier "uncertain" commit did commit. The outbox
+                # API is idempotent on operation ids, so the operations are there too.
+                return "ok" if retrying else "fail"
+            except Exception:
+                return "fail"
+            try:
+                trans.commit()
+            except Exception:
+                return "info"
+            return "ok"
+        finally:
+            with contextlib.suppress(Exception):
+                conn.close()
+
+    def cancel(self, fraction: float) -> None:
+        """Cancel one acknowledged task (picked by ``fraction``) and log the ack time."""
+        if not self.log.tasks:
+            return
+        task_id = self.log.tasks[int(fraction * len(self.log.tasks)) % len(self.log.tasks)]
+        with contextlib.suppress(Exception), self.engine.begin() as conn:
+            cancel_task(conn, tenant_id=TENANT, task_id=task_id, actor="chaos-agent",
+                        reason="nemesis")
+        # logged after the commit returned: the cancel was committed by then (or not at
+        # all, in which case the task simply is not cancelled and nothing is checked)
+        self.log.cancels.append((task_id, time.time()))
+
+
+# -- the run -----------------------------------------------------------------------------------
+
+@dataclass
+class Kill:
+    at: float
+    worker: str
+    leased: list[str]
+    by: str  # "nemesis" or the failpoint name
+
+
+class Runner:
+    def __init__(self, cfg: ChaosConfig) -> None:
+        self.cfg = cfg
+        self.rng = random.Random(f"runner:{cfg.seed}")
+        base = Path(cfg.workdir) if cfg.workdir else Path(tempfile.mkdtemp(prefix="outboxd-chaos-"))
+        base.mkdir(parents=True, exist_ok=True)
+        self.dir = base
+        self.fp_log = base / "failpoints.log"
+        self.cluster: Any = None
+        self.proxy: FaultProxy | None = None
+        self.sim: SimProcess | None = None
+        self.replicas: list[Replica] = []
+        self.kills: list[Kill] = []
+        self.counts: dict[str, int] = {}
+        self.errors: list[str] = []
+        self.admin_dsn = ""
+        self._sim_restore: list[tuple[float, str]] = []
+        self._proxy_restore_at: float | None = None
+        self._deferred: list[Event] = []
+
+    def say(self, text: str) -> None:
+        if self.cfg.verbose:
+            print(f"[chaos {time.strftime('%H:%M:%S')}] {text}", flush=True)
+
+    def bump(self, name: str, n: int = 1) -> None:
+        self.counts[name] = self.counts.get(name, 0) + n
+
+    # -- set-up ------------------------------------------------------------------------------
+    def _database(self) -> tuple[str, str]:
+        """(URL for the dispatchers and the agent, URL for the checker)."""
+        if self.cfg.dialect == "sqlite":
+            url = f"sqlite:///{self.dir / 'outbox.db'}"
+            engine = db.create_engine(url)
+            migrate.upgrade(engine)
+            engine.dispose()
+            return url, url
+        from tests.support.pgcluster import ThrowawayCluster
+
+        self.cluster = ThrowawayCluster(self.dir / "pg")
+        self.cluster.start()
+        self.admin_dsn = self.cluster.dsn("postgres")
+        with psycopg.connect(self.admin_dsn, autocommit=True) as conn:
+            conn.execute("CREATE DATABASE outbox")
+        direct = self.cluster.url("outbox")
+        engine = db.create_engine(direct)
+        migrate.upgrade(engine)
+        engine.dispose()
+        self.proxy = FaultProxy("127.0.0.1", self.cluster.port)
+        proxied = f"postgresql+psycopg://postgres@127.0.0.1:{self.proxy.port}/outbox"
+        return proxied, direct
+
+    def _sim_args(self) -> list[str]:
+        args = ["--seed", str(self.cfg.seed), "--retention-seconds",
+                f"{self.cfg.retention_seconds:g}", "--enforce-fencing",
+                "--slow-seconds", "1.5", "--retry-after", "0.3",
+                "--p-drop-after-apply", "0.01", "--p-5xx-before", "0.005",
+                "--p-5xx-after", "0.005", "--p-429", "0.005", "--p-slow", "0.003"]
+        if self.cfg.control:
+            args.append("--ignore-keys")
+        return args
+
+    def _failpoint_spec(self) -> str:
+        return ",".join(f"{name}=kill%{p:g}" for name, p in self.cfg.failpoint_p.items() if p)
+
+    # -- main ----------------------------------------------------------------------------------
+    def run(self) -> Report:
+        cfg = self.cfg
+        started = time.monotonic()
+        try:
+            url, check_url = self._database()
+            self.sim = SimProcess(self.dir, *self._sim_args())
+            retention = 86_400 if cfg.control else cfg.retention_seconds
+            provider = http_provider(self.sim, dedup_retention_seconds=retention,
+                                     timeout_seconds=1, in_flight_seconds=4, max_attempts=10)
+            env = {"OUTBOXD_FAILPOINT_LOG": str(self.fp_log), "OUTBOXD_LOG_LEVEL": "WARNING"}
+            for i in range(cfg.replicas):
+                rurl = url if cfg.dialect == "sqlite" else f"{url}?application_name=outboxd-r{i}"
+                conf = write_config(
+                    self.dir, rurl, {PROVIDER: provider},
+                    dispatcher={"lease_seconds": cfg.lease_seconds, "batch_size": 50,
+                                "concurrency": 16, "shutdown_grace_seconds": 1,
+                                "poll_interval_ms": 50},
+                    name=f"replica-{i}.toml")
+                renv = dict(env)
+                if (i == cfg.replicas - 1 and cfg.faketime and cfg.dialect == "postgres"
+                        and Path(FAKETIME_LIB).exists()):
+                    # a skewed clock: only the database clock may decide leases
+                    renv.update({"LD_PRELOAD": FAKETIME_LIB, "FAKETIME": "+10m",
+                                 "FAKETIME_DONT_FAKE_MONOTONIC": "1"})
+                    self.bump("faketime_replicas")
+                self.replicas.append(Replica(i, conf, renv, self.dir))
+            for r in self.replicas:
+                r.start(failpoints=self._failpoint_spec(), seed=cfg.seed)
+            deadline = time.monotonic() + 120
+            while not all(r.ready() for r in self.replicas):
+                if time.monotonic() > deadline:
+                    raise RuntimeError("replicas did not start: " + " | ".join(
+                        (r.proc.log_text()[-500:] if r.proc else "") for r in self.replicas))
+                for r in self.replicas:  # a failpoint may fire during start-up recovery
+                    if not r.alive():
+                        r.start(failpoints=self._failpoint_spec(), seed=cfg.seed)
+                time.sleep(0.1)
+            agent_engine = db.create_engine(url, pool_size=2)
+            check_engine = db.create_engine(check_url)
+            agent = Agent(agent_engine, cfg, seconds=cfg.fault_seconds * 0.85)
+            agent.start()
+            self._faults(schedule(cfg), agent, check_engine)
+            agent.join(timeout=cfg.fault_seconds + 120)
+            agent.stop.set()
+            if agent.error is not None:
+                self.errors.append("agent crashed: " + "".join(
+                    traceback.format_exception(agent.error))[-2000:])
+            fault_end = time.monotonic()
+            drained = self._drain(check_engine)
+            drain_seconds = time.monotonic() - fault_end
+            time.sleep(0.5)
+            stats = self.sim.stats()
+            report = check(check_engine, stats, agent.log, self.fp_log,
+                           budget=10, control=cfg.control)
+            report.figures.update(rto_figures(check_engine, self.kills))
+            report.figures["drained"] = drained
+            report.figures["drain_seconds"] = round(drain_seconds, 1)
+            report.figures["run_seconds"] = round(time.monotonic() - started, 1)
+            report.figures["nemesis"] = dict(sorted(self.counts.items()))
+            report.figures["kills_and_pauses"] = (self.counts.get("kill", 0)
+                                                  + self.counts.get("pause", 0)
+                                                  + report.failpoint_kills())
+            if self.proxy is not None:
+                report.figures["proxy"] = self.proxy.stats()
+            report.errors.extend(self.errors)
+            report.seed = cfg.seed
+            report.command = cfg.command()
+            report.workdir = str(self.dir)
+            agent_engine.dispose()
+            check_engine.dispose()
+            return report
+        finally:
+            self._teardown()
+
+    def _faults(self, events: list[Event], agent: Agent, engine: Engine) -> None:
+        t0 = time.monotonic()
+        pending = list(events)
+        end = t0 + self.cfg.fault_seconds
+        while True:
+            now = time.monotonic()
+            self._supervise(now, engine)
+            if not pending and now >= end:
+                break
+            while pending and pending[0].at <= now - t0:
+                ev = pending.pop(0)
+                try:
+                    self._apply(ev, agent, engine)
+                except Exception as exc:
+                    self.errors.append(f"nemesis {ev.kind} failed: {type(exc).__name__}: {exc}")
+            if self._deferred:
+                pending = sorted(pending + self._deferred)
+                self._deferred = []
+            time.sleep(0.02)
+        # faults stop: restore everything
+        self._restore_all(now=float("inf"))
+
+    def _supervise(self, now: float, engine: Engine) -> None:
+        for r in self.replicas:
+            if r.paused_until is not None and now >= r.paused_until:
+                r.resume()
+            if not r.alive():
+                if r.dead_since is None:
+                    # died on its own: a failpoint kill (or a crash: see its log)
+                    r.dead_since = now
+                    r.restart_at = now + self.rng.uniform(0.2, 0.8)
+                    code = r.proc.process.poll() if r.proc and r.proc.process else None
+                    if code != -signal.SIGKILL:
+                        self.errors.append(f"replica {r.worker_id} exited {code}:"
+                                           f" {r.proc.log_text()[-1500:] if r.proc else ''}")
+                    self._record_kill(r, engine, by="failpoint")
+                if r.restart_at is not None and now >= r.restart_at:
+                    r.start(failpoints=self._failpoint_spec(), seed=self.cfg.seed)
+                    self.bump("restart")
+        self._restore_all(now)
+
+    def _restore_all(self, now: float) -> None:
+        if self._proxy_restore_at is not None and now >= self._proxy_restore_at:
+            assert self.proxy is not None
+            self.proxy.set_mode("forward")
+            self._proxy_restore_at = None
+        keep = []
+        for at, name in self._sim_restore:
+            if now >= at and self.sim is not None:
+                with contextlib.suppress(Exception):
+                    self.sim.control(**{name: 0.0})
+            else:
+                keep.append((at, name))
+        self._sim_restore = keep
+        if now == float("inf"):
+            for r in self.replicas:
+                r.resume()
+
+    def _target(self, index: int) -> Replica | None:
+        """The scheduled replica if it is running, else the next one that is."""
+        n = len(self.replicas)
+        for k in range(n):
+            r = self.replicas[(index + k) % n]
+            if r.ready() and r.paused_until is None and r.dead_since is None:
+                return r
+        return None
+
+    def _record_kill(self, r: Replica, engine: Engine, *, by: str) -> None:
+        at = time.time()
+        leased: list[str] = []
+        try:
+            with engine.connect() as conn:
+                leased = list(conn.execute(sa.text(
+                    "SELECT operation_id FROM outbox_operations WHERE lease_owner = :w"
+                    " AND status IN ('claimed', 'dispatching')"), {"w": r.worker_id}).scalars())
+        except Exception:
+            self.bump("kill_lease_query_failed")
+        self.kills.append(Kill(at, r.worker_id, leased, by))
+
+    def _apply(self, ev: Event, agent: Agent, engine: Engine) -> None:
+        self.say(f"{ev.kind} {ev.arg}")
+        now = time.monotonic()
+        if ev.kind in ("kill", "pause"):
+            r = self._target(ev.arg[0])
+            if r is None:  # every replica is down or paused: try again shortly
+                ev.at += 0.3
+                self._deferred.append(ev)
+                return
+        if ev.kind == "kill":
+            restart_after = ev.arg[1]
+            r.kill()
+            self.bump("kill")
+            r.dead_since = now
+            r.restart_at = now + restart_after
+            self._record_kill(r, engine, by="nemesis")
+        elif ev.kind == "pause":
+            seconds = ev.arg[1]
+            r.pause()
+            r.paused_until = now + seconds
+            self.bump("pause")
+        elif ev.kind == "db_restart":
+            assert self.cluster is not None
+            self.cluster.immediate_shutdown()
+            time.sleep(self.rng.uniform(0.3, 1.0))
+            self.cluster.start()
+            self.bump("db_restart")
+        elif ev.kind == "pg_terminate":
+            with psycopg.connect(self.admin_dsn, autocommit=True, connect_timeout=5) as conn:
+                n = conn.execute(
+                    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+                    " WHERE datname = 'outbox' AND application_name LIKE 'outboxd-r%'"
+                ).fetchone()
+            self.bump("pg_terminate")
+            self.bump("pg_terminated_backends", int(n[0]) if n else 0)
+        elif ev.kind == "proxy":
+            assert self.proxy is not None
+            mode, seconds = ev.arg
+            if mode == "reset":
+                self.proxy.reset_all()
+            else:
+                self.proxy.set_mode(mode, seconds=0.05 if mode == "delay" else 0.0)
+                self._proxy_restore_at = now + seconds
+            self.bump(f"proxy_{mode}")
+        elif ev.kind == "sim":
+            assert self.sim is not None
+            name, p, seconds = ev.arg
+            self.sim.control(**{name: p})
+            self._sim_restore.append((now + seconds, name))
+            self.bump(f"sim_{name}")
+        elif ev.kind == "prune":
+            assert self.sim is not None
+            # forget keys past the declared retention only: the receiver honours its window
+            self.bump("pruned_keys", self.sim.prune(all_keys=False))
+            self.bump("prune")
+        elif ev.kind == "cancel":
+            agent.cancel(ev.arg)
+            self.bump("cancel")
+
+    def _drain(self, engine: Engine) -> bool:
+        """Faults off; every replica restarted without failpoints; wait until no operation
+        is pending, leased or unknown (or the drain times out)."""
+        assert self.sim is not None
+        self.sim.control(p_drop_after_apply=0.0, p_5xx_before=0.0, p_5xx_after=0.0,
+                         p_429=0.0, p_503=0.0, p_slow=0.0)
+        if self.proxy is not None:
+            self.proxy.set_mode("forward")
+        for r in self.replicas:
+            r.kill()
+            r.start(failpoints=None, seed=self.cfg.seed)
+        deadline = time.monotonic() + self.cfg.drain_timeout
+        while time.monotonic() < deadline:
+            try:
+                with engine.connect() as conn:
+                    left = conn.execute(sa.text(
+                        "SELECT count(*) FROM outbox_operations WHERE status IN"
+                        " ('pending', 'claimed', 'dispatching', 'unknown')")).scalar_one()
+                if left == 0:
+                    return True
+            except Exception:
+                pass
+            for r in self.replicas:
+                if not r.alive():
+                    self.errors.append(f"replica {r.worker_id} died during the drain:"
+                                       f" {r.proc.log_text()[-1500:] if r.proc else ''}")
+                    r.start(failpoints=None, seed=self.cfg.seed)
+            time.sleep(0.25)
+        return False
+
+    def _teardown(self) -> None:
+        for r in self.replicas:
+            r.close()
+        if self.sim is not None:
+            with contextlib.suppress(Exception):
+                self.sim.stop()
+        if self.proxy is not None:
+            self.proxy.close()
+        if self.cluster is not None:
+            with contextlib.suppress(Exception):
+                self.cluster.cleanup()
+
+
+def run(cfg: ChaosConfig) -> Report:
+    """One seeded nemesis run; the returned report says whether the invariants held."""
+    report = Runner(cfg).run()
+    report.config = asdict(cfg)
+    if report.ok and not cfg.keep and report.workdir and not cfg.workdir:
+        shutil.rmtree(report.workdir, ignore_errors=True)
+    return report
+
+
+def git_commit() -> str:
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT,
+                             capture_output=True, text=True, timeout=10, check=False)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                               cwd=REPO_ROOT, capture_output=True, text=True, timeout=10,
+                               check=False)
+        return out.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+    except OSError:
+        return "unknown"
+
+
+def dump(report: Report) -> str:
+    return json.dumps(report.as_dict(), indent=2, sort_keys=True, default=str)
+
+
+__all__ = ["ChaosConfig", "Event", "Runner", "dump", "git_commit", "run", "schedule"]
