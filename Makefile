@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml
 install: $(STAMP) ## create .venv and install outboxd with its test extra
 
 lint: $(STAMP) ## ruff and mypy --strict
-	$(BIN)/ruff check outbox dispatcher providers tests examples
+	$(BIN)/ruff check outbox dispatcher providers tests bench examples
 	$(BIN)/mypy
 
 test: $(STAMP) lint ## set up, lint, and run the whole test suite
@@ -26,8 +26,9 @@ test: $(STAMP) lint ## set up, lint, and run the whole test suite
 demo: $(STAMP) ## run the whole promise on the embedded SQLite default
 	$(BIN)/outboxd demo
 
-bench: $(STAMP) ## side-by-side throughput ratios (needs PostgreSQL)
-	$(BIN)/python -m bench
+bench: $(STAMP) ## side-by-side throughput ratios (needs PostgreSQL); writes docs/bench-latest.md
+	$(BIN)/pip install -q 'procrastinate>=3'
+	$(BIN)/python -m bench --out docs/bench-latest.md
 
 soak: $(STAMP) ## the long seeded chaos soak
 	$(BIN)/python -m tests.chaos.soak

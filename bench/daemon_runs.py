@@ -27,7 +27,9 @@ def fill(dsn: str, rows: int, provider: str = "sink", start: int = 0) -> None:
             "INSERT INTO outbox_operations (tenant_id, task_id, operation_id, provider, payload) "
             "SELECT 'bench', 'task-' || (g / 100), 'op:' || g, %s, "
             "jsonb_build_object('n', g, 'text', 'benchmark payload') "
-            "FROM generate_series(%s::bigint, %s::bigint) g", (provider, start + 1, start + rows))
+            "FROM generate_series(%s::bigint, %s::bigint) g",
+            (provider, start + 1, start + rows),
+        )
         conn.commit()
 
 
@@ -53,17 +55,29 @@ enabled = false
 NULL_PROVIDER = '[providers.sink]\nkind = "null"\n'
 
 
-def drain(dsn: str, rows: int, *, batch: int, replicas: int = 1, provider: str = NULL_PROVIDER,
-          timeout: float = 300) -> dict[str, float]:
+def drain(
+    dsn: str,
+    rows: int,
+    *,
+    batch: int,
+    replicas: int = 1,
+    provider: str = NULL_PROVIDER,
+    timeout: float = 300,
+) -> dict[str, float]:
     """Start ``replicas`` daemons on a filled backlog and wait until it is applied.
     Returns rows/s (first claim to last applied, on the database clock), commits per op
     and the peak RSS of the first replica."""
     with tempfile.TemporaryDirectory() as tmp:
         cfg = write_config(Path(tmp), dsn, batch=batch, provider=provider)
         commits_before = xact_commits(dsn)
-        procs = [subprocess.Popen([sys.executable, "-m", "dispatcher.cli", "run", "--config",
-                                   str(cfg)], cwd=REPO, stderr=subprocess.DEVNULL)
-                 for _ in range(replicas)]
+        procs = [
+            subprocess.Popen(
+                [sys.executable, "-m", "dispatcher.cli", "run", "--config", str(cfg)],
+                cwd=REPO,
+                stderr=subprocess.DEVNULL,
+            )
+            for _ in range(replicas)
+        ]
         polls = 0
         rss = 0.0
         deadline = Deadline(timeout)
@@ -73,8 +87,10 @@ def drain(dsn: str, rows: int, *, batch: int, replicas: int = 1, provider: str =
                     time.sleep(0.25)
                     polls += 1
                     rss = max(rss, peak_rss_mb(procs[0].pid))
-                    row = conn.execute("SELECT count(*) FILTER (WHERE status = 'applied'), "
-                                       "count(*) FROM outbox_operations").fetchone()
+                    row = conn.execute(
+                        "SELECT count(*) FILTER (WHERE status = 'applied'), "
+                        "count(*) FROM outbox_operations"
+                    ).fetchone()
                     assert row is not None
                     if row[0] >= row[1]:
                         break
@@ -83,7 +99,8 @@ def drain(dsn: str, rows: int, *, batch: int, replicas: int = 1, provider: str =
                 span = conn.execute(
                     "SELECT extract(epoch FROM max(o.updated_at) - min(e.created_at)) "
                     "FROM outbox_operations o, outbox_events e "
-                    "WHERE e.to_status = 'claimed'").fetchone()
+                    "WHERE e.to_status = 'claimed'"
+                ).fetchone()
         finally:
             for p in procs:
                 p.terminate()
@@ -92,3 +109,64 @@ def drain(dsn: str, rows: int, *, batch: int, replicas: int = 1, provider: str =
         commits = xact_commits(dsn) - commits_before - polls - 2
     seconds = float(span[0]) if span and span[0] else float("nan")
     return {"rows_per_s": rows / seconds, "commits_per_op": commits / rows, "rss_mb": rss}
+
+
+def drain_for(dsn: str, seconds: float, *, batch: int, provider: str = NULL_PROVIDER) -> float:
+    """Applied rows per second of one replica over ``seconds`` of a (large) backlog."""
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = write_config(Path(tmp), dsn, batch=batch, provider=provider)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "dispatcher.cli", "run", "--config", str(cfg)],
+            cwd=REPO,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            with psycopg.connect(dsn, autocommit=True) as conn:
+
+                def applied() -> int:
+                    row = conn.execute(
+                        "SELECT count(*) FROM outbox_operations WHERE status = 'applied'"
+                    ).fetchone()
+                    assert row is not None
+                    return int(row[0])
+
+                deadline = Deadline(30)
+                while applied() == 0 and not deadline.passed():
+                    time.sleep(0.05)
+                start_n, t0 = applied(), time.perf_counter()
+                time.sleep(seconds)
+                return (applied() - start_n) / (time.perf_counter() - t0)
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)
+
+
+def claim_latency_ms(dsn: str, *, batch: int = 100, samples: int = 20) -> float:
+    """Median time of one claim statement (rolled back, so the backlog is unchanged)."""
+    from dispatcher import queries as q
+
+    engine = db.create_engine(sa_url(dsn))
+    times = []
+    try:
+        for _ in range(samples):
+            with engine.connect() as conn:
+                t0 = time.perf_counter()
+                q.operation_claim_batch(conn, worker="bench", limit=batch, lease_seconds=30)
+                times.append((time.perf_counter() - t0) * 1000)
+                conn.rollback()
+    finally:
+        engine.dispose()
+    return sorted(times)[len(times) // 2]
+
+
+def explain_claim(dsn: str, *, batch: int = 100) -> str:
+    from sqlalchemy.dialects import postgresql
+
+    from dispatcher import queries as q
+
+    stmt = q._eligible(batch).with_for_update(skip_locked=True, of=q.ops)
+    sql = str(stmt.compile(dialect=postgresql.dialect(), compile_kwargs={"literal_binds": True}))
+    with psycopg.connect(dsn) as conn:
+        rows = conn.execute("EXPLAIN (ANALYZE, BUFFERS) " + sql).fetchall()
+        conn.rollback()
+    return "\n".join(r[0] for r in rows)

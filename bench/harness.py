@@ -3,6 +3,7 @@ median and spread, RSS of a process, and the final table."""
 
 from __future__ import annotations
 
+import math
 import os
 import statistics
 import subprocess
@@ -90,7 +91,7 @@ def log(message: str) -> None:
 
 
 def fmt(value: float) -> str:
-    if value != value:  # NaN
+    if math.isnan(value):
         return "n/a"
     return f"{value:,.2f}" if abs(value) < 100 else f"{value:,.0f}"
 
@@ -107,8 +108,13 @@ def table(figures: list[Figure], ratios: list[tuple[str, float, str]]) -> str:
 
 def git_commit() -> str:
     try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO,
-                              capture_output=True, text=True, check=False).stdout.strip()
+        return subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            check=False,
+        ).stdout.strip()
     except OSError:
         return "unknown"
 

@@ -40,7 +40,9 @@ def fill_raw(dsn: str, rows: int) -> None:
         conn.execute("TRUNCATE bench_raw")
         conn.execute(
             "INSERT INTO bench_raw (payload) SELECT jsonb_build_object('n', g) "
-            "FROM generate_series(1, %s) g", (rows,))
+            "FROM generate_series(1, %s) g",
+            (rows,),
+        )
         conn.commit()
 
 
@@ -51,11 +53,14 @@ def raw_drain(dsn: str, rows: int, batch: int) -> float:
     with psycopg.connect(dsn) as conn:
         while True:
             claimed = conn.execute(
-                "UPDATE bench_raw SET status = 'claimed', token = (SELECT nextval('bench_fencing')),"
+                "UPDATE bench_raw SET status = 'claimed',"
+                " token = (SELECT nextval('bench_fencing')),"
                 " lease_owner = 'raw', lease_expires_at = statement_timestamp() + interval '30 s',"
                 " revision = revision + 1 WHERE id IN (SELECT id FROM bench_raw"
                 " WHERE status = 'pending' ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED)"
-                " RETURNING id, token, revision", (batch,)).fetchall()
+                " RETURNING id, token, revision",
+                (batch,),
+            ).fetchall()
             conn.commit()
             if not claimed:
                 break
@@ -64,13 +69,16 @@ def raw_drain(dsn: str, rows: int, batch: int) -> float:
             marked = conn.execute(
                 "UPDATE bench_raw SET status = 'dispatching', attempts = attempts + 1,"
                 " revision = revision + 1 WHERE id = ANY(%s) AND token = %s"
-                " AND status = 'claimed' RETURNING id, revision", (ids, token)).fetchall()
+                " AND status = 'claimed' RETURNING id, revision",
+                (ids, token),
+            ).fetchall()
             conn.commit()
             with conn.cursor() as cur:  # the "send" is a no-op; record fenced receipts
                 cur.executemany(
                     "UPDATE bench_raw SET status = 'applied', receipt = '{\"ok\": true}',"
                     " revision = revision + 1 WHERE id = %s AND revision = %s AND token = %s",
-                    [(i, rev, token) for i, rev in marked])
+                    [(i, rev, token) for i, rev in marked],
+                )
             conn.commit()
             done += len(marked)
     return done / (time.perf_counter() - t0)

@@ -29,11 +29,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
-from prometheus_client import Counter
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Engine
 
-from dispatcher import failpoints, journal, metrics
+from dispatcher import failpoints, journal
 from outbox import schema
 from outbox.records import OperationRecord
 from outbox.recovery import VERIFICATION_FAILED, VERIFIER_META_PREFIX
@@ -46,13 +45,6 @@ S = OperationStatus
 ops = schema.operations
 RETRY_SECONDS = 5.0
 DEFAULT_LIMIT = 200
-
-VERIFICATIONS = Counter(
-    "outbox_verifications_total",
-    "Verifications of applied effects by result.",
-    ["provider", "result"],
-    registry=metrics.REGISTRY,
-)
 
 
 @dataclass
@@ -136,7 +128,6 @@ class Verifier:
         except Exception as exc:
             result = VerifyResult(VerifyKind.INDETERMINATE, reason=type(exc).__name__)
         failpoints.hit("in_verify")
-        VERIFICATIONS.labels(row.provider, result.kind.value).inc()
         match = sa.and_(
             ops.c.id == row.id,
             ops.c.state_revision == row.state_revision,

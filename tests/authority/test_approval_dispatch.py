@@ -112,18 +112,23 @@ def test_release_checklist_idempotency_and_approvals(sqlite_url: str, tmp_path: 
         names = ("retry_ok", "retry_late", "revoked", "forged")
         stage_task(engine, "refund-8472", dict.fromkeys(names, needs))
         approve(engine, "retry_ok")  # no expiry
-        approve(engine, "retry_late", seconds=1.5)
+        late = approve(engine, "retry_late", seconds=3600).approval
         approve(engine, "revoked")
         _revoke(engine, "revoked")
         _forge(engine, "forged")
         key = operation(engine, "retry_ok")["idempotency_key"]
-        with SimProcess(tmp_path, "--p-503", "1", "--retry-after", "3") as sim:
+        with SimProcess(tmp_path, "--p-503", "1", "--retry-after", "5") as sim:
             cfg = config(tmp_path, sqlite_url, sim)
             with DaemonProcess(cfg) as d:
                 wait_until(lambda: all(operation(engine, o)["attempts"] == 1 and
                                        operation(engine, o)["status"] == "pending"
                                        for o in ("retry_ok", "retry_late")), timeout=20,
                            message="first attempts refused with 503")
+                # time passes while the retry waits (>= 5 s): its approval expires meanwhile
+                with engine.begin() as conn:
+                    conn.execute(sa.text(
+                        "UPDATE outbox_approvals SET expires_at = :at WHERE id = :id"),
+                        {"at": db_now(engine), "id": late.id})
                 sim.control(p_503=0.0)
                 wait_until(lambda: reason_of(engine, "retry_ok")[0] == "applied"
                            and reason_of(engine, "retry_late")[0] == "blocked", timeout=30,

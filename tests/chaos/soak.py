@@ -57,8 +57,8 @@ def config_from(args: argparse.Namespace) -> ChaosConfig:
         operations=args.operations,
         replicas=args.replicas,
         fault_seconds=seconds,
-        kills=args.kills if args.kills is not None else round(30 * scale),
-        pauses=args.pauses if args.pauses is not None else round(60 * scale),
+        kills=args.kills if args.kills is not None else round(15 * scale),
+        pauses=args.pauses if args.pauses is not None else round(70 * scale),
         db_restarts=0 if sqlite else (args.db_restarts if args.db_restarts is not None
                                       else max(2, round(3 * scale))),
         pg_terminates=0 if sqlite else round(6 * scale),

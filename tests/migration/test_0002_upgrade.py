@@ -21,7 +21,7 @@ from tests.support.sim import SimProcess
 
 TERMINAL = ("applied", "verified", "rejected", "cancelled")
 PAST = "2020-01-01 00:00:00"
-ROWS = {  # operation_id: (status, extra columns)
+ROWS: dict[str, tuple[str, dict[str, object]]] = {  # operation_id: (status, extras)
     "pending-1": ("pending", {}),
     "pending-2": ("pending", {}),
     "claimed": ("claimed", {"fencing_token": 1, "lease_owner": "gone:1",

@@ -1,0 +1,218 @@
+"""``make bench`` / ``python -m bench [--quick]``: every workload, side by side, in one run.
+
+Prints one table (median and spread of a few runs) and the ratios the project tracks.
+``--quick`` is the CI smoke of the harness: tiny sizes, one run each, ~10-30 seconds.
+Everything is bounded and runs in throwaway databases that are dropped afterwards.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from bench import daemon_runs as d
+from bench import harness as h
+from bench import http_compare, latency, raw
+
+
+def _fresh(fn):  # type: ignore[no-untyped-def]
+    def run() -> float:
+        with h.scratch_database() as dsn:
+            return float(fn(dsn))
+
+    return run
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    ap.add_argument("--quick", action="store_true", help="tiny smoke of the harness (CI)")
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--rows", type=int, default=50_000, help="rows for the null-provider drain")
+    ap.add_argument("--backlogs", default="10000,100000,1000000")
+    ap.add_argument("--out", type=Path, help="also write the table (markdown) here")
+    args = ap.parse_args(argv)
+    runs = 1 if args.quick else args.runs
+    rows = 2_000 if args.quick else args.rows
+    backlogs = [2_000] if args.quick else [int(x) for x in args.backlogs.split(",")]
+    figs: list[h.Figure] = []
+    ratios: list[tuple[str, float, str]] = []
+
+    h.log("1. physical limit")
+    one = h.repeat(
+        "commits/s, 1-row update",
+        "tx/s",
+        runs,
+        _fresh(lambda dsn: raw.commit_rate(dsn, 1, 1 if args.quick else 3)),
+    )
+    hundred = h.repeat(
+        "commits/s, 100-row update",
+        "tx/s",
+        runs,
+        _fresh(lambda dsn: raw.commit_rate(dsn, 100, 1 if args.quick else 3)),
+    )
+    figs += [one, hundred]
+
+    for batch in (10, 100):
+        h.log(f"2-3. raw drain vs outboxd null provider, batch {batch}")
+        n = rows if batch == 100 else rows // 5
+        rawf = h.repeat(
+            f"raw psycopg drain, batch {batch}",
+            "rows/s",
+            runs,
+            _fresh(lambda dsn, n=n, b=batch: raw.raw_drain(dsn, n, b)),
+        )
+        stats: list[dict[str, float]] = []
+
+        def ours(
+            dsn: str, n: int = n, b: int = batch, stats: list[dict[str, float]] = stats
+        ) -> float:
+            d.prepare(dsn)
+            d.fill(dsn, n)
+            r = d.drain(dsn, n, batch=b)
+            stats.append(r)
+            return r["rows_per_s"]
+
+        oursf = h.repeat(f"outboxd null provider, batch {batch}", "rows/s", runs, _fresh(ours))
+        commits = h.Figure(
+            f"commits per operation, batch {batch}",
+            "tx/op",
+            [s["commits_per_op"] for s in stats],
+            note=f"target <= {3 / batch * 1.05:.3f}",
+        )
+        figs += [rawf, oursf, commits]
+        ratios.append(
+            (f"outboxd null / raw drain, batch {batch}", oursf.median / rawf.median, ">= 0.8")
+        )
+        if batch == 100:
+            rss = h.Figure(
+                "peak RSS, one replica",
+                "MB",
+                [s["rss_mb"] for s in stats],
+                note=f"draining {n} rows",
+            )
+            figs.append(rss)
+
+    h.log("4. HTTP provider vs raw httpx")
+    http_rows = 1_000 if args.quick else 10_000
+    pair: list[tuple[float, float]] = []
+
+    def http_run(dsn: str) -> float:
+        pair.append(http_compare.compare(dsn, http_rows))
+        return pair[-1][0]
+
+    httpf = h.repeat("outboxd HTTP provider", "req/s", runs, _fresh(http_run))
+    rawhttp = h.Figure("raw httpx client, same receiver", "req/s", [p[1] for p in pair])
+    figs += [httpf, rawhttp]
+    ratios.append(("outboxd HTTP / raw httpx", httpf.median / rawhttp.median, ">= 0.8"))
+
+    h.log("5. Procrastinate no-op jobs")
+    if importlib.util.find_spec("procrastinate") is None:
+        h.log("  procrastinate not installed (make bench installs it): skipped")
+    else:
+        jobs = 500 if args.quick else 5_000
+        best = h.Figure("Procrastinate no-op jobs (best concurrency)", "jobs/s")
+        for conc in (10,) if args.quick else (1, 10, 50):
+            with h.scratch_database() as dsn:
+                out = subprocess.run(
+                    [sys.executable, "-m", "bench.procrastinate_run", dsn, str(jobs), str(conc)],
+                    cwd=h.REPO,
+                    capture_output=True,
+                    text=True,
+                    timeout=600,
+                    check=False,
+                )
+            try:
+                best.samples.append(float(out.stdout.strip().splitlines()[-1]))
+            except (ValueError, IndexError):
+                h.log(f"  procrastinate run failed: {out.stderr[-500:]}")
+        if best.samples:
+            best.samples = [max(best.samples)]
+            figs.append(best)
+            null100 = next(f for f in figs if f.name == "outboxd null provider, batch 100")
+            ratios.append(("outboxd null / Procrastinate", null100.median / best.median, ">= 25"))
+
+    h.log("6. commit-to-send latency (LISTEN/NOTIFY)")
+    with h.scratch_database() as dsn:
+        p50, p99 = latency.commit_to_send(dsn, 20 if args.quick else 200)
+    figs += [
+        h.Figure("commit-to-send latency p50", "ms", [p50], note="target <= 5"),
+        h.Figure("commit-to-send latency p99", "ms", [p99], note="target <= 25"),
+    ]
+
+    h.log("7. backlog cost")
+    base_rate = None
+    for size in backlogs:
+        with h.scratch_database() as dsn:
+            d.prepare(dsn)
+            d.fill(dsn, size)
+            lat = d.claim_latency_ms(dsn)
+            rate = d.drain_for(dsn, 3 if args.quick else 10, batch=100)
+            if size == backlogs[-1] and not args.quick:
+                (h.REPO / "docs" / "claim-explain.txt").write_text(d.explain_claim(dsn))
+        figs += [
+            h.Figure(f"claim latency, {size:,} pending", "ms", [lat]),
+            h.Figure(f"throughput, {size:,} pending", "rows/s", [rate]),
+        ]
+        if base_rate is None:
+            base_rate = rate
+        else:
+            ratios.append(
+                (f"throughput {size:,} / {backlogs[0]:,} pending", rate / base_rate, ">= 0.8")
+            )
+
+    h.log("8. scale-out")
+    scale_rows = 2_000 if args.quick else 20_000
+    by_replicas: dict[tuple[int, int], float] = {}
+    for batch in (10, 100):
+        for replicas in (1, 2) if args.quick else (1, 2, 4):
+            with h.scratch_database() as dsn:
+                d.prepare(dsn)
+                d.fill(dsn, scale_rows)
+                by_replicas[(batch, replicas)] = d.drain(
+                    dsn, scale_rows, batch=batch, replicas=replicas
+                )["rows_per_s"]
+            figs.append(
+                h.Figure(
+                    f"{replicas} replica(s), batch {batch}",
+                    "rows/s",
+                    [by_replicas[(batch, replicas)]],
+                )
+            )
+        ratios.append(
+            (
+                f"2 replicas / 1, batch {batch}",
+                by_replicas[(batch, 2)] / by_replicas[(batch, 1)],
+                ">= 1.3" if batch == 10 else ">= 1.0",
+            )
+        )
+
+    h.log("10. checkpoint cost: advance() with one staged operation")
+    with h.scratch_database() as dsn:
+        p50, p99, rate = latency.checkpoint_cost(h.sa_url(dsn), 50 if args.quick else 500)
+    figs += [
+        h.Figure("advance() PostgreSQL p50 / p99", "ms", [p50], note=f"p99 {p99:.2f} ms"),
+        h.Figure("advance() PostgreSQL", "commits/s", [rate]),
+    ]
+    with tempfile.TemporaryDirectory() as tmp:
+        p50s, p99s, rate_s = latency.checkpoint_cost(
+            f"sqlite:///{tmp}/cp.db", 50 if args.quick else 500
+        )
+    figs += [
+        h.Figure("advance() SQLite p50 / p99", "ms", [p50s], note=f"p99 {p99s:.2f} ms"),
+        h.Figure("advance() SQLite", "commits/s", [rate_s]),
+    ]
+
+    text = h.table(figs, ratios)
+    header = f"commit {h.git_commit()}; `python -m bench {' '.join(argv or sys.argv[1:])}`\n\n"
+    print(header + text)
+    if args.out:
+        args.out.write_text(header + text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

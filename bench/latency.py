@@ -1,0 +1,121 @@
+"""Commit-to-send latency at low load (PostgreSQL LISTEN/NOTIFY wake-ups) and the cost of
+an agent checkpoint (``advance()`` with one staged operation) on both dialects."""
+
+from __future__ import annotations
+
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import outbox
+from bench.daemon_runs import prepare, write_config
+from bench.harness import REPO, sa_url
+from outbox import db, migrate
+
+
+class _Receiver(ThreadingHTTPServer):
+    arrivals: dict[str, float]
+
+
+def _receiver() -> _Receiver:
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            n = int(self.headers.get("Content-Length", "0"))
+            self.rfile.read(n)
+            server.arrivals[self.headers["Outbox-Operation-Id"]] = time.perf_counter()
+            self.send_response(201)
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"{}")
+
+        def log_message(self, format: str, *args: object) -> None:
+            return
+
+    server = _Receiver(("127.0.0.1", 0), Handler)
+    server.arrivals = {}
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def percentile(values: list[float], p: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
+
+
+def commit_to_send(dsn: str, samples: int = 100) -> tuple[float, float]:
+    """p50 and p99 milliseconds from the agent's COMMIT to the request arriving."""
+    prepare(dsn)
+    server = _receiver()
+    provider = (
+        f'[providers.rx]\nkind = "http"\nurl = "http://127.0.0.1:{server.server_port}/e"\n'
+        "dedup_retention_seconds = 86400\n"
+    )
+    engine = db.create_engine(sa_url(dsn))
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = write_config(Path(tmp), dsn, batch=100, provider=provider)
+        cfg.write_text(cfg.read_text().replace("poll_interval_ms = 20", "poll_interval_ms = 1000"))
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "dispatcher.cli", "run", "--config", str(cfg)],
+            cwd=REPO,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            time.sleep(3)  # start-up, listener connected
+            lat: list[float] = []
+            for i in range(samples):
+                op = f"lat:{i}"
+                with engine.begin() as conn:
+                    outbox.enqueue(
+                        conn,
+                        tenant_id="bench",
+                        task_id="lat",
+                        operation_id=op,
+                        provider="rx",
+                        payload={"i": i},
+                    )
+                committed = time.perf_counter()
+                deadline = committed + 5
+                while op not in server.arrivals and time.perf_counter() < deadline:
+                    time.sleep(0.0002)
+                if op in server.arrivals:
+                    lat.append((server.arrivals[op] - committed) * 1000)
+                time.sleep(0.02)
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)
+            server.shutdown()
+            engine.dispose()
+    return percentile(lat, 50), percentile(lat, 99)
+
+
+def checkpoint_cost(url: str, iterations: int = 300) -> tuple[float, float, float]:
+    """``advance()`` with one staged operation, each in its own transaction:
+    p50 ms, p99 ms and commits per second."""
+    engine = db.create_engine(url)
+    migrate.upgrade(engine)
+    times: list[float] = []
+    t_all = time.perf_counter()
+    for i in range(iterations):
+        t0 = time.perf_counter()
+        with engine.begin() as conn:
+            outbox.advance(
+                conn,
+                f"cp-{i}",
+                tenant_id="bench",
+                expected_revision=0,
+                phase="step",
+                state={"i": i},
+                operations=[
+                    outbox.StagedOperation(f"cp:{i}", "sink", {"i": i, "note": "checkpoint cost"})
+                ],
+            )
+        times.append((time.perf_counter() - t0) * 1000)
+    rate = iterations / (time.perf_counter() - t_all)
+    engine.dispose()
+    return statistics.median(times), percentile(times, 99), rate

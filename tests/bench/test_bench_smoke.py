@@ -1,0 +1,30 @@
+"""A short smoke of the benchmark harness, so ``make bench`` keeps working. It asserts that
+each workload runs and produces a positive figure — never how fast it is."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bench import daemon_runs, harness, latency, raw
+
+pytestmark = [pytest.mark.postgres, pytest.mark.slow]
+
+
+def test_harness_workloads_run(
+    pg_admin_dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(harness, "ADMIN_DSN", pg_admin_dsn)
+    with harness.scratch_database("outboxd_smoke") as dsn:
+        assert raw.commit_rate(dsn, 1, 0.2) > 0
+        assert raw.raw_drain(dsn, 300, 100) > 0
+        daemon_runs.prepare(dsn)
+        daemon_runs.fill(dsn, 300)
+        result = daemon_runs.drain(dsn, 300, batch=100, timeout=120)
+        assert result["rows_per_s"] > 0
+        assert daemon_runs.claim_latency_ms(dsn, samples=3) > 0
+    p50, p99, rate = latency.checkpoint_cost(f"sqlite:///{tmp_path}/cp.db", 20)
+    assert 0 < p50 <= p99 and rate > 0
+    table = harness.table([harness.Figure("x", "rows/s", [1.0, 2.0])], [("r", 0.5, ">= 1")])
+    assert "| x |" in table
