@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from collections.abc import Callable, Sequence
 
@@ -61,7 +62,16 @@ def cmd_run(args: argparse.Namespace) -> int:
     cfg = _load(args)
     daemon = Daemon(cfg)
     daemon.install_signal_handlers()
-    return daemon.run(once=args.once)
+    code = daemon.run(once=args.once)
+    if daemon.worker.in_flight():
+        # Sends still in flight after the grace period: their pool threads would hold the
+        # interpreter's exit until each request times out. Their rows stay `dispatching`
+        # under a lease, which recovery and reconciliation settle: leave now.
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
 
 
 def cmd_sim(args: argparse.Namespace) -> int:

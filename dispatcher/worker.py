@@ -386,19 +386,20 @@ class Worker:
             metrics.RETRIES.labels(provider).inc()
         if d.dedup_refused:
             metrics.DEDUP_WINDOW_REFUSALS.labels(provider).inc()
-        if d.status in (S.UNKNOWN, S.BLOCKED, S.REJECTED):
-            log.warning(
-                "dispatch outcome",
-                extra={
-                    "operation_id": item.op.operation_id,
-                    "tenant": item.op.tenant_id,
-                    "fencing_token": item.token,
-                    "attempt": item.attempt,
-                    "outcome": out.kind.value,
-                    "status": d.status.value,
-                    "reason": d.reason,
-                },
-            )
+        quiet = d.status not in (S.UNKNOWN, S.BLOCKED, S.REJECTED)
+        log.log(
+            logging.INFO if quiet else logging.WARNING,
+            "dispatch outcome",
+            extra={
+                "operation_id": item.op.operation_id,
+                "tenant": item.op.tenant_id,
+                "fencing_token": item.token,
+                "attempt": item.attempt,
+                "outcome": out.kind.value,
+                "status": d.status.value,
+                "reason": d.reason,
+            },
+        )
         return [
             journal.event(
                 item.op,

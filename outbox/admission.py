@@ -62,8 +62,8 @@ def admit(
         if not found.ok:
             return Admission(False, found.reason, found.detail)
         payload, from_artifact = found.payload, True
-    if payload is None:
-        return Admission(False, ARTIFACT_MISSING, "payload_ref is not resolvable here")
+    if payload is None:  # JSON null (SQL NULL needs a payload_ref: a CHECK constraint)
+        return Admission(False, PAYLOAD_NOT_OBJECT, "payload is JSON null")
     if not isinstance(payload, dict):
         return Admission(False, PAYLOAD_NOT_OBJECT, f"payload is a {type(payload).__name__}")
     try:

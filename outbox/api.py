@@ -310,6 +310,21 @@ def advance(
             .returning(*tasks_t.c)
         )
     task_row = c.execute(stmt).mappings().first()
+    if task_row is None and expected_revision == 0:  # a row made by plain SQL or cancel_task
+        task_row = (
+            c.execute(
+                sa.update(tasks_t)
+                .where(
+                    tasks_t.c.tenant_id == tenant_id,
+                    tasks_t.c.task_id == task_id,
+                    tasks_t.c.state_revision == 0,
+                )
+                .values(state_revision=1, **values)
+                .returning(*tasks_t.c)
+            )
+            .mappings()
+            .first()
+        )
     if task_row is None:
         actual = c.execute(
             sa.select(tasks_t.c.state_revision).where(

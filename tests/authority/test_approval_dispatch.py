@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from outbox import approvals
+from outbox import approvals, schema
 from tests.authority import (
     TENANT,
     approve,
@@ -125,10 +125,11 @@ def test_release_checklist_idempotency_and_approvals(sqlite_url: str, tmp_path: 
                                        for o in ("retry_ok", "retry_late")), timeout=20,
                            message="first attempts refused with 503")
                 # time passes while the retry waits (>= 5 s): its approval expires meanwhile
+                now = db_now(engine)
                 with engine.begin() as conn:
-                    conn.execute(sa.text(
-                        "UPDATE outbox_approvals SET expires_at = :at WHERE id = :id"),
-                        {"at": db_now(engine), "id": late.id})
+                    conn.execute(sa.update(schema.approvals)
+                                 .where(schema.approvals.c.id == late.id)
+                                 .values(expires_at=now))
                 sim.control(p_503=0.0)
                 wait_until(lambda: reason_of(engine, "retry_ok")[0] == "applied"
                            and reason_of(engine, "retry_late")[0] == "blocked", timeout=30,

@@ -339,6 +339,8 @@ class Runner:
         self._sim_restore: list[tuple[float, str]] = []
         self._proxy_restore_at: float | None = None
         self._deferred: list[Event] = []
+        self._db_thread: threading.Thread | None = None
+        self.db_downtime: list[float] = []
 
     def say(self, text: str) -> None:
         if self.cfg.verbose:
@@ -453,6 +455,7 @@ class Runner:
             report.figures["drain_seconds"] = round(drain_seconds, 1)
             report.figures["run_seconds"] = round(time.monotonic() - started, 1)
             report.figures["nemesis"] = dict(sorted(self.counts.items()))
+            report.figures["db_restart_seconds"] = self.db_downtime
             report.figures["kills_and_pauses"] = (self.counts.get("kill", 0)
                                                   + self.counts.get("pause", 0)
                                                   + report.failpoint_kills())
@@ -472,9 +475,13 @@ class Runner:
         t0 = time.monotonic()
         pending = list(events)
         end = t0 + self.cfg.fault_seconds
+        next_progress = t0
         while True:
             now = time.monotonic()
             self._supervise(now, engine)
+            if self.cfg.verbose and now >= next_progress:
+                next_progress = now + 5.0
+                self._progress(engine)
             if not pending and now >= end:
                 break
             while pending and pending[0].at <= now - t0:
@@ -487,6 +494,8 @@ class Runner:
                 pending = sorted(pending + self._deferred)
                 self._deferred = []
             time.sleep(0.02)
+        if self._db_thread is not None:
+            self._db_thread.join(timeout=120)
         # faults stop: restore everything
         self._restore_all(now=float("inf"))
 
@@ -533,6 +542,28 @@ class Runner:
             for r in self.replicas:
                 r.resume()
 
+    def _db_restart(self, down: float) -> None:
+        """Immediate shutdown (crash recovery on the next start), then start again; in a
+        thread so pauses still end on time meanwhile."""
+        assert self.cluster is not None
+        t = time.monotonic()
+        try:
+            self.cluster.immediate_shutdown()
+            time.sleep(down)
+            self.cluster.start()
+        except Exception as exc:
+            self.errors.append(f"database restart failed: {exc}")
+        self.db_downtime.append(round(time.monotonic() - t, 2))
+
+    def _progress(self, engine: Engine) -> None:
+        try:
+            with engine.connect() as conn:
+                rows = conn.execute(sa.text(
+                    "SELECT status, count(*) FROM outbox_operations GROUP BY status")).all()
+            self.say("statuses " + " ".join(f"{s}={n}" for s, n in sorted(rows)))
+        except Exception as exc:
+            self.say(f"statuses unavailable: {type(exc).__name__}")
+
     def _target(self, index: int) -> Replica | None:
         """The scheduled replica if it is running, else the next one that is."""
         n = len(self.replicas)
@@ -576,10 +607,14 @@ class Runner:
             r.paused_until = now + seconds
             self.bump("pause")
         elif ev.kind == "db_restart":
-            assert self.cluster is not None
-            self.cluster.immediate_shutdown()
-            time.sleep(self.rng.uniform(0.3, 1.0))
-            self.cluster.start()
+            if self._db_thread is not None and self._db_thread.is_alive():
+                ev.at += 1.0
+                self._deferred.append(ev)
+                return
+            down = self.rng.uniform(0.3, 1.0)
+            self._db_thread = threading.Thread(target=self._db_restart, args=(down,),
+                                               name="chaos-db-restart", daemon=True)
+            self._db_thread.start()
             self.bump("db_restart")
         elif ev.kind == "pg_terminate":
             with psycopg.connect(self.admin_dsn, autocommit=True, connect_timeout=5) as conn:
@@ -635,6 +670,8 @@ class Runner:
                     return True
             except Exception:
                 pass
+            if self.cfg.verbose and time.monotonic() % 5 < 0.25:
+                self._progress(engine)
             for r in self.replicas:
                 if not r.alive():
                     self.errors.append(f"replica {r.worker_id} died during the drain:"
@@ -652,6 +689,8 @@ class Runner:
         if self.proxy is not None:
             self.proxy.close()
         if self.cluster is not None:
+            with contextlib.suppress(Exception):
+                shutil.copy(self.cluster.logfile, self.dir / "postgresql.log")
             with contextlib.suppress(Exception):
                 self.cluster.cleanup()
 

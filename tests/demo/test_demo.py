@@ -19,7 +19,7 @@ pytestmark = pytest.mark.slow
 def test_demo_runs_the_whole_promise_and_reports_zero_duplicates() -> None:
     t0 = time.monotonic()
     proc = subprocess.run(
-        [sys.executable, "-m", "dispatcher.cli", "demo", "--seed", "7"],
+        [sys.executable, "-m", "dispatcher.cli", "demo", "--seed", "7", "--operations", "150"],
         cwd=REPO_ROOT, capture_output=True, text=True, timeout=110, check=False,
     )
     elapsed = time.monotonic() - t0

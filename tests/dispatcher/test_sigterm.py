@@ -23,7 +23,7 @@ from tests.dispatcher import (
 from tests.support.daemon import DaemonProcess, status_counts, wait_until
 from tests.support.sim import SimProcess
 
-N = 24
+N = 12
 
 
 @pytest.mark.slow

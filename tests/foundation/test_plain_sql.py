@@ -304,13 +304,6 @@ def test_admission_schema_compatibility(engine: Engine) -> None:
     assert v3.reason == admission.INCOMPATIBLE_PAYLOAD_SCHEMA
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "outbox/admission.py: a JSON null payload (not SQL NULL) with no payload_ref is "
-        "reported as artifact_missing; it is a payload that is not an object"
-    ),
-)
 def test_admission_of_a_json_null_payload(engine: Engine) -> None:
     url = url_of(engine)
     run_cli(
