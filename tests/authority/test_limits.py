@@ -46,7 +46,9 @@ def test_cancellation_before_and_after_possible_dispatch(sqlite_url: str, tmp_pa
                          dispatcher={"lease_seconds": 1.5})
             with DaemonProcess(cfg) as d:
                 wait_until(lambda: reason_of(engine, "in-flight")[0] == "dispatching"
-                           and reason_of(engine, "needs-ok")[0] == "blocked", timeout=20)
+                           and reason_of(engine, "needs-ok")[0] == "blocked"
+                           and sim.stats()["requests"] == 1, timeout=20,
+                           message="the request is at the (slow) receiver")
                 d.kill()  # crash while the request is at the receiver
             with engine.begin() as conn:
                 late = cancel_task(conn, tenant_id=TENANT, task_id="slow", actor="alice",
