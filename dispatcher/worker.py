@@ -186,9 +186,15 @@ class Worker:
             )
             marked_ids = {m.id for m in marked}
             late = q.refusal_reasons(conn, [op.id for op in passing if op.id not in marked_ids])
-            for op_id, (status, reason) in late.items():
+            for op_id, (late_status, reason) in late.items():
                 op = by_id[op_id]
-                refused.append(q.Transition(op.id, op.state_revision, status, reason))
+                # an earlier attempt may have landed: reconcile it before anything else
+                blind = late_status == S.BLOCKED and outcomes.blind(op.last_outcome)
+                refused.append(
+                    q.Transition(
+                        op.id, op.state_revision, S.UNKNOWN if blind else late_status, reason
+                    )
+                )
             moved = q.operation_transition_many(
                 conn, token=token, expected=S.CLAIMED, items=refused
             )

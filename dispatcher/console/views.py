@@ -108,10 +108,8 @@ def list_operations(
     cols = [ops.c[c] for c in ("id", "tenant_id", "task_id", "operation_id", "provider",
                                "status", "status_reason", "attempts", "last_outcome",
                                "created_at", "updated_at")]
-    age = (sa.func.extract("epoch", db_now()) - sa.func.extract("epoch", ops.c.created_at)
-           if conn.dialect.name == "postgresql"
-           else (sa.func.julianday(db_now()) - sa.func.julianday(ops.c.created_at)) * 86400.0)
-    q = _scoped(sa.select(*cols, age.label("age_seconds")), ops, tenants)
+    now = conn.execute(sa.select(db_now())).scalar_one()
+    q = _scoped(sa.select(*cols), ops, tenants)
     for name, column in (("tenant", "tenant_id"), ("task", "task_id"),
                          ("provider", "provider"), ("status", "status"),
                          ("reason", "status_reason")):
@@ -124,6 +122,8 @@ def list_operations(
     rows = [dict(r) for r in conn.execute(q.order_by(ops.c.id.desc()).limit(limit + 1)).mappings()]
     more = len(rows) > limit
     rows = rows[:limit]
+    for r in rows:
+        r["age_seconds"] = max(0.0, (now - r["created_at"]).total_seconds())
     return rows, (int(rows[-1]["id"]) if more else None)
 
 
