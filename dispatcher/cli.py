@@ -140,6 +140,7 @@ def _load_extensions() -> None:
         "dispatcher.demo_cli",
         "dispatcher.purge_cli",
         "dispatcher.approvecli",
+        "dispatcher.console_cli",
     ):
         try:
             mod = importlib.import_module(module)

@@ -5,6 +5,12 @@ lock (``pg_try_advisory_xact_lock``): when another replica holds it, this run do
 nothing and the lock is released by that replica's COMMIT, so however many replicas run
 the job, one purge runs at a time. SQLite has a single writer anyway. The daemon adds the
 job only when ``[retention] enabled = true``; ``outboxd purge`` runs the same code once.
+
+Privileges (PostgreSQL): the purge needs the retention role. A daemon running as a login
+granted only the dispatcher role fails each run with SQLSTATE 42501 (logged, nothing
+changed, dispatch unaffected). Either grant the daemon's login both roles, or leave
+``enabled = false`` and schedule ``outboxd purge`` as a retention login (cron, a
+Kubernetes CronJob). See docs/security-model.md.
 """
 
 from __future__ import annotations

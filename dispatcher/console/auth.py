@@ -104,7 +104,9 @@ def _secret(name: str, table: Mapping[str, Any], base: Path) -> str:
         try:
             value = path.read_text().strip()
         except OSError as exc:
-            raise ConfigError(f"users.{name}.password_hash_file: cannot read ({exc.strerror})")
+            raise ConfigError(
+                f"users.{name}.password_hash_file: cannot read ({exc.strerror})"
+            ) from None
     if not value.startswith(SCHEME + "$") or value.count("$") != 5:
         raise ConfigError(f"users.{name}: the hash is not an {SCHEME}$N$r$p$salt$hash value "
                           "(make one with `outboxd console --hash-password`)")

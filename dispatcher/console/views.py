@@ -141,12 +141,13 @@ def _rows(conn: Connection, table: sa.Table, tenant_id: str, operation_id: str,
     return [dict(r) for r in conn.execute(q.order_by(table.c.id)).mappings()]
 
 
+_ORDER = {"approval": 0, "attempt": 1, "event": 2}
 ATTEMPT_COLUMNS = ("id", "attempt", "fencing_token", "worker", "started_at", "finished_at",
                    "result_class", "status_code", "error_class", "transport_phase",
                    "duration_ms", "evidence_ref", "created_at")
 
 
-def operation(conn: Connection, tenants: Scope, tenant_id: str, operation_id: str,
+def operation(conn: Connection, tenants: Scope, tenant_id: str, operation_id: str, *,
               provider: ProviderView | None, margin: float) -> dict[str, Any]:
     """The timeline page: the row (no bodies), events, attempts, approvals, fencing tokens,
     the provider's declared capabilities and whether its dedup window is still open."""
@@ -169,7 +170,7 @@ def operation(conn: Connection, tenants: Scope, tenant_id: str, operation_id: st
         [("event", e["created_at"], e) for e in evs]
         + [("attempt", a["started_at"] or a["created_at"], a) for a in tries]
         + [("approval", a["approved_at"], a) for a in grants],
-        key=lambda item: (item[1] is None, item[1] or now, item[0] != "approval"),
+        key=lambda item: (item[1] is None, item[1] or now, _ORDER[item[0]]),
     )
     tokens = sorted({int(t) for t in [*(e["fencing_token"] for e in evs),
                                       *(a["fencing_token"] for a in tries)] if t is not None})

@@ -77,8 +77,8 @@ class ChaosConfig:
     prunes: int = 10
     cancels: int = 10
     failpoint_p: dict[str, float] = field(default_factory=lambda: {
-        "after_claim_commit": 0.05, "after_dispatching_commit": 0.05, "after_send": 0.05,
-        "before_receipt_commit": 0.05, "in_reconcile": 0.1})
+        "after_claim_commit": 0.3, "after_dispatching_commit": 0.3, "after_send": 0.3,
+        "before_receipt_commit": 0.3, "in_reconcile": 0.3})
     failpoint_target: int | None = 6  # a point is disarmed (for new starts) once it fired so often
     retention_seconds: float = 8.0  # sim key retention == the provider's declared window
     control: bool = False  # the sim ignores keys while the provider claims a window
@@ -149,12 +149,15 @@ class Replica:
         self.dead_since: float | None = None
         self.restart_at: float | None = None
         self._ready = False
+        self.armed: str | None = None
 
     @property
     def worker_id(self) -> str:
         return f"r{self.index}g{self.generation}"
 
     def start(self, *, failpoints: str | None, seed: int) -> None:
+        self.armed = (failpoints or "").split("=")[0] or None
+        self._close_log()
         self.generation += 1
         env = {**self.base_env, "OUTBOXD_DISPATCHER_WORKER_ID": self.worker_id,
                "OUTBOXD_FAILPOINT_SEED": f"{seed}:{self.index}:{self.generation}"}
@@ -191,14 +194,20 @@ class Replica:
             self.proc.signal(signal.SIGCONT)  # type: ignore[union-attr]
         self.paused_until = None
 
+    def _close_log(self) -> None:
+        if self.proc is not None and self.proc._log is not None:
+            if self.proc.alive():
+                return  # still writing (the caller kills it first)
+            self.proc._log.close()
+            self.proc._log = None
+
     def close(self) -> None:
         if self.proc is not None:
             with contextlib.suppress(Exception):
                 if self.proc.alive():
                     self.proc.signal(signal.SIGCONT)
                 self.kill()
-            if self.proc._log is not None:
-                self.proc._log.close()
+            self._close_log()
 
 
 @dataclass
@@ -339,6 +348,7 @@ class Runner:
         self._sim_restore: list[tuple[float, str]] = []
         self._proxy_restore_at: float | None = None
         self._deferred: list[Event] = []
+        self._armed: dict[str, int] = {}  # replicas currently armed per point
         self._db_thread: threading.Thread | None = None
         self.db_downtime: list[float] = []
 
@@ -387,13 +397,25 @@ class Runner:
             args += ["--ignore-keys", "--p-drop-after-apply", "0.1"]
         return args
 
+    def _start(self, r: Replica, *, armed: bool = True) -> None:
+        if r.armed:
+            self._armed[r.armed] = max(0, self._armed.get(r.armed, 0) - 1)
+        r.start(failpoints=self._failpoint_spec() if armed else None, seed=self.cfg.seed)
+
     def _failpoint_spec(self) -> str:
-        """Probabilistic kills at every protocol step; a point that has fired
-        ``failpoint_target`` times is left out of later starts (bounded kill cost)."""
+        """Arm one failpoint per (re)start, with a high probability: the point that has
+        fired least so far. Points rotate, so every step of the protocol is hit, and a
+        point is disarmed once it fired ``failpoint_target`` times (bounded kill cost)."""
         target = self.cfg.failpoint_target
-        hits = failpoint_hits(self.fp_log) if target is not None else {}
-        return ",".join(f"{name}=kill%{p:g}" for name, p in self.cfg.failpoint_p.items()
-                        if p and (target is None or hits.get(name, 0) < target))
+        hits = failpoint_hits(self.fp_log)
+        armed = [n for n, p in self.cfg.failpoint_p.items()
+                 if p and (target is None or hits.get(n, 0) + self._armed.get(n, 0) < target)]
+        if not armed:
+            return ""
+        name = min(armed, key=lambda n: (hits.get(n, 0) + self._armed.get(n, 0),
+                                         self.rng.random()))
+        self._armed[name] = self._armed.get(name, 0) + 1
+        return f"{name}=kill%{self.cfg.failpoint_p[name]:g}"
 
     # -- main ----------------------------------------------------------------------------------
     def run(self) -> Report:
@@ -423,7 +445,7 @@ class Runner:
                     self.bump("faketime_replicas")
                 self.replicas.append(Replica(i, conf, renv, self.dir))
             for r in self.replicas:
-                r.start(failpoints=self._failpoint_spec(), seed=cfg.seed)
+                self._start(r)
             deadline = time.monotonic() + 120
             while not all(r.ready() for r in self.replicas):
                 if time.monotonic() > deadline:
@@ -431,7 +453,7 @@ class Runner:
                         (r.proc.log_text()[-500:] if r.proc else "") for r in self.replicas))
                 for r in self.replicas:  # a failpoint may fire during start-up recovery
                     if not r.alive():
-                        r.start(failpoints=self._failpoint_spec(), seed=cfg.seed)
+                        self._start(r)
                 time.sleep(0.1)
             agent_engine = db.create_engine(url, pool_size=2)
             check_engine = db.create_engine(check_url)
@@ -521,7 +543,7 @@ class Runner:
                                            f" {r.proc.log_text()[-1500:] if r.proc else ''}")
                     self._record_kill(r, engine, by="failpoint")
                 if r.restart_at is not None and now >= r.restart_at:
-                    r.start(failpoints=self._failpoint_spec(), seed=self.cfg.seed)
+                    self._start(r)
                     self.bump("restart")
         self._restore_all(now)
 
@@ -658,7 +680,7 @@ class Runner:
             self.proxy.set_mode("forward")
         for r in self.replicas:
             r.kill()
-            r.start(failpoints=None, seed=self.cfg.seed)
+            self._start(r, armed=False)
         deadline = time.monotonic() + self.cfg.drain_timeout
         while time.monotonic() < deadline:
             try:
@@ -676,7 +698,7 @@ class Runner:
                 if not r.alive():
                     self.errors.append(f"replica {r.worker_id} died during the drain:"
                                        f" {r.proc.log_text()[-1500:] if r.proc else ''}")
-                    r.start(failpoints=None, seed=self.cfg.seed)
+                    self._start(r, armed=False)
             time.sleep(0.25)
         return False
 

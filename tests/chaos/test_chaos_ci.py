@@ -17,7 +17,7 @@ from tests.chaos.nemesis import FAILPOINTS, run
 from tests.chaos.soak import build_parser, config_from
 from tests.support.pgcluster import server_binaries
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 SEED = int(os.environ.get("OUTBOXD_CHAOS_SEED", "20240601"))
 
 

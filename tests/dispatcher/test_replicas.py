@@ -17,6 +17,7 @@ from tests.dispatcher import (
     events_of,
     fencing_monotonic,
     operations,
+    rows,
     stage,
 )
 from tests.support.daemon import DaemonProcess, status_counts, wait_until
@@ -62,15 +63,24 @@ def _run(engine: Engine, pg_url: str, tmp_path: Path) -> None:
                 dispatcher={"batch_size": 100, "concurrency": 32, "log_level": "WARNING"},
             )
 
+        def leased_by_a() -> bool:
+            found = rows(
+                engine,
+                "SELECT count(*) AS n FROM outbox_operations WHERE lease_owner = 'replica-a'"
+                " AND status IN ('claimed', 'dispatching')",
+            )
+            return int(found[0]["n"]) > 0
+
         a = DaemonProcess(cfg("replica-a"))
         b = DaemonProcess(cfg("replica-b"))
         a2 = None
         try:
-            # kill A while both are busy; a replacement starts later
+            # kill A while both are busy and A holds leases; a replacement starts later
             wait_until(
-                lambda: status_counts(engine).get("applied", 0) >= N // 4,
+                lambda: status_counts(engine).get("applied", 0) >= N // 4 and leased_by_a(),
                 timeout=60,
-                message="a quarter applied",
+                interval=0.02,
+                message="a quarter applied, A holding leases",
             )
             a.kill()
             a2 = DaemonProcess(cfg("replica-a2"))
