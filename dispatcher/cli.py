@@ -49,7 +49,10 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     engine = db.create_engine(cfg.database.url, schema=cfg.database.schema)
     try:
         before = migrate.current(engine, cfg.database.schema)
-        reached = migrate.upgrade(engine, cfg.database.schema)
+        d = cfg.database
+        roles = {"agent": d.agent_role, "dispatcher": d.dispatcher_role,
+                 "operator": d.operator_role, "retention": d.retention_role}
+        reached = migrate.upgrade(engine, d.schema, roles=roles)
     finally:
         engine.dispose()
     print(f"database at revision {reached}" + ("" if before == reached else f" (was {before})"))

@@ -13,18 +13,11 @@ from __future__ import annotations
 
 import argparse
 import getpass
-import logging
 import os
-import signal
 import sys
-import threading
-from pathlib import Path
-from types import FrameType
 from typing import Any
 
 from dispatcher.cli import EXIT_OK, EXIT_USAGE, _common, _load
-
-log = logging.getLogger("outboxd.console")
 
 
 def _hash(args: argparse.Namespace) -> int:
@@ -44,7 +37,7 @@ def _hash(args: argparse.Namespace) -> int:
 def cmd_console(args: argparse.Namespace) -> int:
     if args.hash_password:
         return _hash(args)
-    from dispatcher.console import ConsoleApp, load_users, make_server
+    from dispatcher.console import ConsoleApp, load_users, serve
     from dispatcher.console.auth import USERS_ENV
 
     cfg = _load(args)
@@ -54,30 +47,8 @@ def cmd_console(args: argparse.Namespace) -> int:
                          "never runs without authentication\n")
         return EXIT_USAGE
     users = load_users(users_file)  # ConfigError -> exit 2 in dispatcher.cli.main
-    app = ConsoleApp(cfg, users, secure_cookies=args.secure_cookies)
-    try:
-        server = make_server(app, args.host, args.port)
-    except OSError as exc:
-        app.close()
-        sys.stderr.write(f"outboxd: error: cannot listen on {args.host}:{args.port}: "
-                         f"{exc.strerror}\n")
-        return EXIT_USAGE
-    host, port = server.server_address[:2]
-    if args.port_file:
-        Path(args.port_file).write_text(f"{port}\n")
-    log.info("console listening on http://%s:%s/", host, port, extra={"port": port})
-
-    def _stop(signum: int, _frame: FrameType | None) -> None:
-        threading.Thread(target=server.shutdown, daemon=True).start()
-
-    signal.signal(signal.SIGTERM, _stop)
-    signal.signal(signal.SIGINT, _stop)
-    try:
-        server.serve_forever(poll_interval=0.2)
-    finally:
-        server.server_close()
-        app.close()
-    return EXIT_OK
+    return serve(ConsoleApp(cfg, users, secure_cookies=args.secure_cookies), args.host,
+                 args.port, port_file=args.port_file)
 
 
 def register(sub: argparse._SubParsersAction[Any]) -> None:

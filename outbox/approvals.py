@@ -87,14 +87,23 @@ def _nonempty(name: str, value: str | None) -> str:
     return value
 
 
+_BODIES = ("payload", "receipt")
+
+
 def _operation(conn: Connection, tenant_id: str, operation_id: str) -> OperationRecord:
-    row = conn.execute(
-        sa.select(ops_t).where(ops_t.c.tenant_id == tenant_id,
-                               ops_t.c.operation_id == operation_id)
-    ).mappings().first()
+    """The operation's metadata. Bodies are read only when no digest is stored yet (a row
+    written with plain SQL and not yet admitted): approvers on PostgreSQL's operator role
+    may read metadata but not payloads, and the stored digest is immutable and verified
+    against the payload at admission."""
+    where = (ops_t.c.tenant_id == tenant_id, ops_t.c.operation_id == operation_id)
+    meta = [c for c in ops_t.c if c.name not in _BODIES]
+    row = conn.execute(sa.select(*meta).where(*where)).mappings().first()
     if row is None:
         raise errors.OperationNotFound(tenant_id=tenant_id, operation_id=operation_id)
-    return OperationRecord.from_row(row)
+    data = {**row, "payload": None, "receipt": None}
+    if row["payload_digest"] is None:
+        data["payload"] = conn.execute(sa.select(ops_t.c.payload).where(*where)).scalar()
+    return OperationRecord.from_row(data)
 
 
 def operation_digest(op: OperationRecord) -> str:

@@ -8,6 +8,7 @@ start-up and ``/readyz`` reports it. A database at a revision this code does not
 from __future__ import annotations
 
 import io
+from collections.abc import Mapping
 from pathlib import Path
 
 import sqlalchemy as sa
@@ -47,8 +48,16 @@ def current(engine: Engine, schema: str | None = None) -> str | None:
         return ctx.get_current_revision()
 
 
-def upgrade(engine: Engine, schema: str | None = None, revision: str = "head") -> str:
-    """Migrate to ``revision`` (idempotent). Returns the revision reached."""
+def upgrade(
+    engine: Engine,
+    schema: str | None = None,
+    revision: str = "head",
+    roles: Mapping[str, str] | None = None,
+) -> str:
+    """Migrate to ``revision`` (idempotent). Returns the revision reached.
+
+    ``roles`` names the PostgreSQL roles the migrations create and grant to
+    (``{"agent": ..., "dispatcher": ..., "operator": ..., "retention": ...}``)."""
     now = current(engine, schema)
     if now is not None and now not in known_revisions():
         raise MigrationError(
@@ -59,6 +68,8 @@ def upgrade(engine: Engine, schema: str | None = None, revision: str = "head") -
             conn.exec_driver_sql(f'CREATE SCHEMA IF NOT EXISTS "{schema}"')
         cfg = _config(schema)
         cfg.attributes["connection"] = conn
+        for kind, name in (roles or {}).items():
+            cfg.attributes[f"{kind}_role"] = name
         command.upgrade(cfg, revision)
     reached = current(engine, schema)
     assert reached is not None

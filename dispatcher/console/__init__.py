@@ -14,7 +14,45 @@ page reads), :mod:`.actions` (the audited writes), :mod:`.render` (templates),
 
 from __future__ import annotations
 
+import logging
+import signal
+import sys
+import threading
+from pathlib import Path
+from types import FrameType
+
 from dispatcher.console.auth import User, hash_password, load_users
 from dispatcher.console.server import ConsoleApp, make_server
 
-__all__ = ["ConsoleApp", "User", "hash_password", "load_users", "make_server"]
+__all__ = ["ConsoleApp", "User", "hash_password", "load_users", "make_server", "serve"]
+log = logging.getLogger("outboxd.console")
+EXIT_OK, EXIT_USAGE = 0, 2
+
+
+def serve(app: ConsoleApp, host: str, port: int, *, port_file: str | None = None) -> int:
+    """Bind, serve until SIGTERM or SIGINT, close ``app``; the process exit code.
+
+    ``port`` 0 picks a free port; ``port_file`` receives the bound port (for tests and
+    supervisors). A port that cannot be bound is a usage error (2)."""
+    try:
+        server = make_server(app, host, port)
+    except OSError as exc:
+        app.close()
+        sys.stderr.write(f"outboxd: error: cannot listen on {host}:{port}: {exc.strerror}\n")
+        return EXIT_USAGE
+    bound = server.server_address[1]
+    if port_file:
+        Path(port_file).write_text(f"{bound}\n")
+    log.info("console listening on http://%s:%s/", host, bound, extra={"port": bound})
+
+    def _stop(signum: int, _frame: FrameType | None) -> None:
+        threading.Thread(target=server.shutdown, daemon=True).start()
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    try:
+        server.serve_forever(poll_interval=0.2)
+    finally:
+        server.server_close()
+        app.close()
+    return EXIT_OK

@@ -167,23 +167,22 @@ class ConsoleApp:
         return Response(404, b"not found", "text/plain; charset=utf-8")
 
     def _login(self, req: Request) -> Response:
+        # Login CSRF: double submit. The browser keeps one random login cookie (reused
+        # while present, so a page fetched twice still matches) and the form echoes it.
+        given = req.cookie(LOGIN_COOKIE)
+        nonce = given if given and len(given) >= 32 else secrets.token_urlsafe(24)
         if req.method == "GET":
-            nonce = secrets.token_urlsafe(24)
             resp = self.page("login.html", nonce=nonce, error=None)
             resp.headers.append(("Set-Cookie", self._cookie(LOGIN_COOKIE, nonce)))
             return resp
         form = req.form()
-        given = req.cookie(LOGIN_COOKIE)
         if not given or not secrets.compare_digest(given, form.get("csrf", "")):
             return Response(403, b"missing or invalid CSRF token", "text/plain")
         name = form.get("user", "").strip()
         cookie = self.sessions.login(name, form.get("password", ""))
         if cookie is None:
             log.warning("console: login refused", extra={"reason": "bad credentials"})
-            fresh = secrets.token_urlsafe(24)
-            resp = self.page("login.html", 401, nonce=fresh, error="wrong user or password")
-            resp.headers.append(("Set-Cookie", self._cookie(LOGIN_COOKIE, fresh)))
-            return resp
+            return self.page("login.html", 401, nonce=nonce, error="wrong user or password")
         log.info("console: %s logged in", name)
         return redirect("/", self._cookie(COOKIE, cookie),
                         self._cookie(LOGIN_COOKIE, "", max_age=0))

@@ -29,6 +29,7 @@ def _assert_held(report: object, *, min_hits: int) -> None:
     from tests.chaos.checker import Report
 
     assert isinstance(report, Report)
+    print(report.summary())  # the figures of every run end up in the CI log
     for name in FAILPOINTS:  # a fault that never fired proves nothing
         report.require(report.failpoint_hits.get(name, 0) >= min_hits,
                        f"failpoint {name} fired {report.failpoint_hits.get(name, 0)} times")
@@ -68,6 +69,7 @@ def test_chaos_control_run_sees_duplicates() -> None:
     cfg = _config("--seed", str(SEED + 2), "--dialect", "sqlite", "--operations", "200",
                   "--fault-seconds", "10", "--kills", "0", "--pauses", "0", "--control")
     report = run(cfg)  # type: ignore[arg-type]
+    print(report.summary())
     assert report.ok, "\n" + report.summary()  # includes "control run: duplicates seen"
     assert report.figures["duplicates"] > 0, report.summary()
     assert report.figures["lost"] == 0, report.summary()

@@ -49,7 +49,7 @@ DISPATCHER_OPS = ("status", "fencing_token", "lease_owner", "lease_expires_at", 
                   "updated_at", "payload_digest", "idempotency_key")
 AGENT_CANCEL_OPS = ("status", "status_reason", "state_revision", "updated_at", "lease_owner",
                     "lease_expires_at")
-OPERATOR_OPS = (*AGENT_CANCEL_OPS, "next_attempt_at")
+OPERATOR_OPS = (*AGENT_CANCEL_OPS, "next_attempt_at", "last_outcome")
 RETENTION_OPS = ("payload", "receipt", "payload_purged_at", "receipt_purged_at",
                  "payload_digest", "status", "status_reason", "state_revision", "updated_at")
 AGENT_TASKS = ("workflow_version", "state_revision", "phase", "state", "cancelled_at",
