@@ -121,6 +121,14 @@ sa.Index(
     postgresql_where=operations.c.status == "pending",
     sqlite_where=operations.c.status == "pending",
 )
+# Claim order: pending rows by id, so a claim walks the index in insertion order and stops
+# after one batch (filtering rows whose next_attempt_at is still ahead), whatever the backlog.
+sa.Index(
+    "ix_outbox_operations_pending_id",
+    operations.c.id,
+    postgresql_where=operations.c.status == "pending",
+    sqlite_where=operations.c.status == "pending",
+)
 # Lease recovery: leased rows by expiry.
 sa.Index(
     "ix_outbox_operations_leased_expiry",

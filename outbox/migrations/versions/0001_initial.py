@@ -218,6 +218,13 @@ def upgrade() -> None:
             sqlite_where=sa.text("status = 'pending'"),
         )
         batch_op.create_index(
+            "ix_outbox_operations_pending_id",
+            ["id"],
+            unique=False,
+            postgresql_where=sa.text("status = 'pending'"),
+            sqlite_where=sa.text("status = 'pending'"),
+        )
+        batch_op.create_index(
             "ix_outbox_operations_status_updated", ["status", "updated_at"], unique=False
         )
         batch_op.create_index("ix_outbox_operations_task", ["tenant_id", "task_id"], unique=False)
@@ -266,6 +273,11 @@ def downgrade() -> None:
     with op.batch_alter_table("outbox_operations", schema=None) as batch_op:
         batch_op.drop_index("ix_outbox_operations_task")
         batch_op.drop_index("ix_outbox_operations_status_updated")
+        batch_op.drop_index(
+            "ix_outbox_operations_pending_id",
+            postgresql_where=sa.text("status = 'pending'"),
+            sqlite_where=sa.text("status = 'pending'"),
+        )
         batch_op.drop_index(
             "ix_outbox_operations_pending_due",
             postgresql_where=sa.text("status = 'pending'"),
