@@ -224,7 +224,6 @@ def operation_transition_many(
                 (sa.cast(b("b_delay"), sa.Float).is_(None), None),
                 else_=db_now(sa.cast(b("b_delay"), sa.Float)),
             ),
-            payload_digest=sa.func.coalesce(ops.c.payload_digest, b("b_digest", type_=sa.Text)),
             # the lease ends with the transition, except while a send is still in flight
             lease_owner=sa.case(
                 (b("b_status") == S.DISPATCHING.value, ops.c.lease_owner), else_=None
@@ -236,6 +235,12 @@ def operation_transition_many(
             updated_at=db_now(),
         )
     )
+    if any(t.payload_digest is not None for t in items):
+        # fill the digest of plain-SQL rows once (the immutability trigger allows NULL -> value;
+        # naming the column makes it fire, so the common path leaves it out)
+        stmt = stmt.values(
+            payload_digest=sa.func.coalesce(ops.c.payload_digest, b("b_digest", type_=sa.Text))
+        )
     conn.execute(
         stmt,
         [

@@ -353,6 +353,8 @@ class Worker:
                             d.receipt,
                             d.last_outcome,
                             d.delay_seconds,
+                            # store the digest of a plain-SQL row the first time it is known
+                            payload_digest=i.digest if i.op.payload_digest is None else None,
                         )
                         for i, d in group
                     ],

@@ -21,6 +21,12 @@ Every message raised starts with ``outbox:`` so :mod:`outbox.db` can map it to o
 from __future__ import annotations
 
 DEFAULT_MAX_PAYLOAD_BYTES = 262_144
+#: The immutability trigger fires only for UPDATEs that name one of these columns, so the
+#: dispatcher's status writes (which never do) pay nothing for it.
+IMMUTABLE_COLUMNS = (
+    "tenant_id, task_id, operation_id, provider, payload, payload_ref, payload_digest, "
+    "idempotency_key"
+)
 NOTIFY_CHANNEL = "outbox_operations"
 
 
@@ -50,8 +56,9 @@ def sqlite_statements() -> list[str]:
             WHERE id = NEW.id;
         END
         """,
-        """
-        CREATE TRIGGER outbox_operations_immutable BEFORE UPDATE ON outbox_operations
+        f"""
+        CREATE TRIGGER outbox_operations_immutable BEFORE UPDATE OF {IMMUTABLE_COLUMNS}
+        ON outbox_operations
         WHEN NEW.tenant_id IS NOT OLD.tenant_id OR NEW.operation_id IS NOT OLD.operation_id
           OR NEW.task_id IS NOT OLD.task_id OR NEW.provider IS NOT OLD.provider
           OR NEW.payload IS NOT OLD.payload OR NEW.payload_ref IS NOT OLD.payload_ref
@@ -84,8 +91,11 @@ def sqlite_drop_statements() -> list[str]:
         "outbox_operations_admit",
         "outbox_operations_default_key",
         "outbox_operations_immutable",
-        *[f"{t}_append_only_{v}" for t in ("outbox_events", "outbox_attempts")
-          for v in ("update", "delete")],
+        *[
+            f"{t}_append_only_{v}"
+            for t in ("outbox_events", "outbox_attempts")
+            for v in ("update", "delete")
+        ],
     ]
     return [f"DROP TRIGGER IF EXISTS {n}" for n in names]
 
@@ -99,7 +109,7 @@ def postgresql_statements(schema: str | None = None) -> list[str]:
     stmts = [
         f"CREATE SEQUENCE IF NOT EXISTS {_q(schema, 'outbox_fencing_seq')}",
         f"""
-        CREATE OR REPLACE FUNCTION {fn('outbox_operations_admit')}() RETURNS trigger
+        CREATE OR REPLACE FUNCTION {fn("outbox_operations_admit")}() RETURNS trigger
         LANGUAGE plpgsql AS $$
         DECLARE lim bigint;
         BEGIN
@@ -119,10 +129,10 @@ def postgresql_statements(schema: str | None = None) -> list[str]:
         """,
         f"""
         CREATE TRIGGER outbox_operations_admit BEFORE INSERT ON {ops}
-        FOR EACH ROW EXECUTE FUNCTION {fn('outbox_operations_admit')}()
+        FOR EACH ROW EXECUTE FUNCTION {fn("outbox_operations_admit")}()
         """,
         f"""
-        CREATE OR REPLACE FUNCTION {fn('outbox_operations_immutable')}() RETURNS trigger
+        CREATE OR REPLACE FUNCTION {fn("outbox_operations_immutable")}() RETURNS trigger
         LANGUAGE plpgsql AS $$
         BEGIN
           IF NEW.tenant_id IS DISTINCT FROM OLD.tenant_id
@@ -142,11 +152,11 @@ def postgresql_statements(schema: str | None = None) -> list[str]:
         END $$
         """,
         f"""
-        CREATE TRIGGER outbox_operations_immutable BEFORE UPDATE ON {ops}
-        FOR EACH ROW EXECUTE FUNCTION {fn('outbox_operations_immutable')}()
+        CREATE TRIGGER outbox_operations_immutable BEFORE UPDATE OF {IMMUTABLE_COLUMNS} ON {ops}
+        FOR EACH ROW EXECUTE FUNCTION {fn("outbox_operations_immutable")}()
         """,
         f"""
-        CREATE OR REPLACE FUNCTION {fn('outbox_append_only')}() RETURNS trigger
+        CREATE OR REPLACE FUNCTION {fn("outbox_append_only")}() RETURNS trigger
         LANGUAGE plpgsql AS $$
         BEGIN
           IF COALESCE(current_setting('outbox.retention_purge', true), '') = 'on'
@@ -158,7 +168,7 @@ def postgresql_statements(schema: str | None = None) -> list[str]:
         END $$
         """,
         f"""
-        CREATE OR REPLACE FUNCTION {fn('outbox_notify')}() RETURNS trigger
+        CREATE OR REPLACE FUNCTION {fn("outbox_notify")}() RETURNS trigger
         LANGUAGE plpgsql AS $$
         BEGIN
           PERFORM pg_notify('{NOTIFY_CHANNEL}', '');
@@ -167,7 +177,7 @@ def postgresql_statements(schema: str | None = None) -> list[str]:
         """,
         f"""
         CREATE TRIGGER outbox_operations_notify AFTER INSERT ON {ops}
-        FOR EACH STATEMENT EXECUTE FUNCTION {fn('outbox_notify')}()
+        FOR EACH STATEMENT EXECUTE FUNCTION {fn("outbox_notify")}()
         """,
         f"INSERT INTO {meta} (tenant_id, name, value) VALUES ('*', 'max_payload_bytes', "
         f"'{DEFAULT_MAX_PAYLOAD_BYTES}') ON CONFLICT DO NOTHING",
@@ -185,8 +195,12 @@ def postgresql_statements(schema: str | None = None) -> list[str]:
 
 
 def postgresql_drop_statements(schema: str | None = None) -> list[str]:
-    fns = ["outbox_operations_admit", "outbox_operations_immutable", "outbox_append_only",
-           "outbox_notify"]
+    fns = [
+        "outbox_operations_admit",
+        "outbox_operations_immutable",
+        "outbox_append_only",
+        "outbox_notify",
+    ]
     return [f"DROP FUNCTION IF EXISTS {_q(schema, f)}() CASCADE" for f in fns] + [
         f"DROP SEQUENCE IF EXISTS {_q(schema, 'outbox_fencing_seq')}"
     ]

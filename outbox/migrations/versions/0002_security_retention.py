@@ -130,11 +130,18 @@ def upgrade() -> None:
     for stmt in [*_pg_purge_rules(), *_pg_roles(), *_pg_grants(), *_pg_policies(),
                  *_pg_reveal()]:
         op.execute(stmt)
+    op.execute(f"DROP TRIGGER IF EXISTS outbox_operations_immutable ON {_q(OPS)}")
+    op.execute(
+        f"CREATE TRIGGER outbox_operations_immutable BEFORE UPDATE OF "
+        f"{ddl.IMMUTABLE_COLUMNS}, payload_purged_at ON {_q(OPS)} "
+        f"FOR EACH ROW EXECUTE FUNCTION {_q('outbox_operations_immutable')}()"
+    )
 
 
 def _sqlite_purge_rules() -> list[str]:
     immutable = f"""
-        CREATE TRIGGER outbox_operations_immutable BEFORE UPDATE ON outbox_operations
+        CREATE TRIGGER outbox_operations_immutable
+        BEFORE UPDATE OF {ddl.IMMUTABLE_COLUMNS}, payload_purged_at ON outbox_operations
         WHEN NEW.tenant_id IS NOT OLD.tenant_id OR NEW.operation_id IS NOT OLD.operation_id
           OR NEW.task_id IS NOT OLD.task_id OR NEW.provider IS NOT OLD.provider
           OR (NEW.payload IS NOT OLD.payload AND NOT (NEW.payload = 'null'
@@ -376,10 +383,11 @@ def downgrade() -> None:
     if schema:
         op.execute(f'REVOKE USAGE ON SCHEMA "{schema}" FROM {everyone}')
     # The roles stay: they are cluster-wide and other databases may use them.
+    op.execute(f"DROP TRIGGER IF EXISTS outbox_operations_immutable ON {_q(OPS)}")
     for stmt in ddl.postgresql_statements(schema):
-        if "CREATE OR REPLACE FUNCTION" in stmt and (
+        if ("CREATE OR REPLACE FUNCTION" in stmt and (
             "outbox_operations_immutable" in stmt or "outbox_append_only" in stmt
-        ):
+        )) or "CREATE TRIGGER outbox_operations_immutable" in stmt:
             op.execute(stmt)
     _drop_columns(schema)
 
