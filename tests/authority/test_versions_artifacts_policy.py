@@ -126,6 +126,7 @@ def test_incompatible_versions_block_until_a_replica_supports_them(
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(240)
 def test_policy_is_rechecked_before_every_send_and_resend(
     sqlite_url: str, tmp_path: Path
 ) -> None:
@@ -146,8 +147,10 @@ def test_policy_is_rechecked_before_every_send_and_resend(
             with DaemonProcess(cfg):
                 wait_until(lambda: operation(engine, "resend")["attempts"] == 1, timeout=30)
                 sim.control(p_503=0.0)
+                # "small" may sit in jittered back-off after the 503s: allow for it
                 wait_until(lambda: reason_of(engine, "small")[0] == "applied"
-                           and reason_of(engine, "resend")[0] == "blocked", timeout=60)
+                           and reason_of(engine, "resend")[0] == "blocked", timeout=100,
+                           message="small applied and resend blocked")
             assert reason_of(engine, "big") == ("blocked", "policy_denied")
             assert detail_of(blocked_event(engine, "big")) == {
                 "policy": "tests.authority.policies:amount_limit",

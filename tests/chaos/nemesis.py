@@ -227,9 +227,13 @@ class Agent(threading.Thread):
     each commit is logged ok / fail / info and a failed or uncertain one is retried with
     the same ids (the outbox API is idempotent on them)."""
 
-    def __init__(self, engine: Engine, cfg: ChaosConfig, seconds: float) -> None:
+    def __init__(self, engine: Engine, cfg: ChaosConfig, seconds: float,
+                 direct: Engine | None = None) -> None:
         super().__init__(name="chaos-agent", daemon=True)
         self.engine = engine
+        # cancellations are issued from the nemesis thread, which must never block on a
+        # blackholed proxy connection (only that thread ends the blackhole): direct path
+        self.direct = direct or engine
         self.cfg = cfg
         self.seconds = seconds
         self.log = AgentLog()
@@ -311,11 +315,13 @@ class Agent(threading.Thread):
         if not self.log.tasks:
             return
         task_id = self.log.tasks[int(fraction * len(self.log.tasks)) % len(self.log.tasks)]
-        with contextlib.suppress(Exception), self.engine.begin() as conn:
-            cancel_task(conn, tenant_id=TENANT, task_id=task_id, actor="chaos-agent",
-                        reason="nemesis")
-        # logged after the commit returned: the cancel was committed by then (or not at
-        # all, in which case the task simply is not cancelled and nothing is checked)
+        try:
+            with self.direct.begin() as conn:
+                cancel_task(conn, tenant_id=TENANT, task_id=task_id, actor="chaos-agent",
+                            reason="nemesis")
+        except Exception:
+            return  # not acknowledged (maybe committed): no ack time, nothing to check
+        # logged after the commit returned: the cancel was committed by then
         self.log.cancels.append((task_id, time.time()))
 
 
@@ -457,7 +463,8 @@ class Runner:
                 time.sleep(0.1)
             agent_engine = db.create_engine(url, pool_size=2)
             check_engine = db.create_engine(check_url)
-            agent = Agent(agent_engine, cfg, seconds=cfg.fault_seconds * 0.85)
+            agent = Agent(agent_engine, cfg, seconds=cfg.fault_seconds * 0.85,
+                          direct=check_engine)
             agent.start()
             self._faults(schedule(cfg), agent, check_engine)
             agent.join(timeout=cfg.fault_seconds + 120)
@@ -639,6 +646,9 @@ class Runner:
             self._db_thread.start()
             self.bump("db_restart")
         elif ev.kind == "pg_terminate":
+            if self._db_thread is not None and self._db_thread.is_alive():
+                self.bump("pg_terminate_skipped_db_restarting")
+                return
             with psycopg.connect(self.admin_dsn, autocommit=True, connect_timeout=5) as conn:
                 n = conn.execute(
                     "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
