@@ -20,6 +20,7 @@ from outbox import db, migrate
 
 class _Receiver(ThreadingHTTPServer):
     arrivals: dict[str, float]
+    request_queue_size = 256  # the stdlib default (5) resets bursts of concurrent connects
 
 
 def _receiver() -> _Receiver:

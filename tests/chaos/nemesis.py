@@ -80,7 +80,11 @@ class ChaosConfig:
         "after_claim_commit": 0.3, "after_dispatching_commit": 0.3, "after_send": 0.3,
         "before_receipt_commit": 0.3, "in_reconcile": 0.3})
     failpoint_target: int | None = 6  # a point is disarmed (for new starts) once it fired so often
-    retention_seconds: float = 8.0  # sim key retention == the provider's declared window
+    retention_seconds: float = 20.0  # sim key retention == the provider's declared window
+    # the dispatcher's dedup_safety_margin: it must exceed the longest pause between the
+    # window check (at the dispatching commit) and the request's arrival (SIGSTOPs here
+    # last up to 2.6 s, plus scheduling on a loaded host); see docs/reliability.md
+    dedup_safety_margin: float = 0.5
     control: bool = False  # the sim ignores keys while the provider claims a window
     faketime: bool = True
     drain_timeout: float = 120.0
@@ -439,6 +443,7 @@ class Runner:
                 conf = write_config(
                     self.dir, rurl, {PROVIDER: provider},
                     dispatcher={"lease_seconds": cfg.lease_seconds, "batch_size": 50,
+                                "dedup_safety_margin": cfg.dedup_safety_margin,
                                 "concurrency": 16, "shutdown_grace_seconds": 1,
                                 "poll_interval_ms": 50},
                     name=f"replica-{i}.toml")

@@ -20,8 +20,8 @@ from tests.chaos.nemesis import ChaosConfig, dump, git_commit, run
 # The documented soak (docs/reliability.md): what fits in about ten minutes on the
 # two-core reference machine. The full soak figures need a longer run, e.g.
 # --operations 100000 --fault-seconds 3600 (see docs/reliability.md).
-DEFAULT_OPERATIONS = 6_000
-DEFAULT_FAULT_SECONDS = 240.0
+DEFAULT_OPERATIONS = 4_000
+DEFAULT_FAULT_SECONDS = 180.0
 
 
 def build_parser() -> argparse.ArgumentParser:
