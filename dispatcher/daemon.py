@@ -119,8 +119,26 @@ class Daemon:
         signal.signal(signal.SIGTERM, handler)
         signal.signal(signal.SIGINT, handler)
 
+    def _wait_for_database(self) -> None:
+        """Check the schema, waiting with back-off while the database is unreachable (a
+        sidecar may start before its database). A schema that is not current is an error."""
+        backoff = 0.0
+        while True:
+            try:
+                migrate.check_current(self.engine, self.config.database.schema)
+                return
+            except sa.exc.DBAPIError as exc:
+                if self.stopping.is_set() or self.engine.dialect.name == "sqlite":
+                    raise  # a local file that cannot be opened will not appear by waiting
+                backoff = min(MAX_BACKOFF_SECONDS, max(0.2, backoff * 2))
+                log.warning(
+                    "database unreachable at start-up; waiting",
+                    extra={"error": type(exc.orig or exc).__name__, "count": backoff},
+                )
+                self.stopping.wait(backoff)
+
     def run(self, *, once: bool = False) -> int:
-        migrate.check_current(self.engine, self.config.database.schema)
+        self._wait_for_database()
         m = self.config.metrics
         metrics.init_labels(self.providers)
         if m.enabled and not once:

@@ -18,6 +18,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from dispatcher.retry import RetryPolicy
+from outbox import states
 from outbox.states import OperationStatus
 from providers.base import Capabilities, Outcome, OutcomeKind
 
@@ -25,7 +26,7 @@ S = OperationStatus
 
 #: Last outcomes after which the effect may exist at the receiver. Sticky until a
 #: reconciliation establishes "not applied" (``reconciled_not_applied``).
-MAYBE_APPLIED = frozenset({"ambiguous", "in_flight", "lost", "accepted"})
+MAYBE_APPLIED = states.MAYBE_APPLIED
 
 BUDGET_EXHAUSTED = "budget_exhausted"
 DEDUP_WINDOW_PASSED = "dedup_window_passed"

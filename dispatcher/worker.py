@@ -17,7 +17,7 @@ from collections import defaultdict
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy.engine import Engine
@@ -49,6 +49,11 @@ class InFlight:
     outcome: Outcome | None = None
     duration: float = 0.0
     payload: Mapping[str, Any] | None = None  # what is sent (a resolved artifact, verified)
+    send_by: float | None = None
+    """For a blind re-send: the monotonic instant the receiver's dedup window (less the
+    margin) closes. Checked again right before the request leaves: a send delayed past it
+    (a full pool, a paused process) is not made, and the row is reconciled instead."""
+    not_sent: bool = False
 
 
 @dataclass(frozen=True)
@@ -231,6 +236,7 @@ class Worker:
                         m.last_attempt_started_at,
                         digests.get(op.id),
                         payload=payloads.get(op.id),
+                        send_by=self._send_by(op, m.first_dispatched_at, m.last_attempt_started_at),
                     )
                 )
             self.authority.consume(conn, [by_id[m.id] for m in marked], token)
@@ -252,9 +258,28 @@ class Worker:
                 )
         return sends
 
+    def _send_by(self, op: OperationRecord, first: datetime, db_now: datetime) -> float | None:
+        if not outcomes.blind(op.last_outcome):
+            return None
+        caps = self.providers[op.provider].capabilities
+        usable = caps.dedup_retention_seconds * (1.0 - self.s.dedup_safety_margin)
+        closes = first + timedelta(seconds=usable)
+        return time.monotonic() + (closes - db_now).total_seconds()
+
     def _send(self, item: InFlight) -> None:
         provider = self.providers[item.op.provider]
         op = item.op
+        if item.send_by is not None and time.monotonic() >= item.send_by:
+            item.not_sent = True
+            item.outcome = Outcome(
+                OutcomeKind.RETRYABLE,
+                transport_phase=TransportPhase.BEFORE_WRITE,
+                error_class="DedupWindowPassed",
+                reason="not sent: the receiver's dedup window closed first",
+                evidence={"not_sent": True},
+            )
+            self._finish(item)
+            return
         payload = item.payload if item.payload is not None else op.payload
         if not isinstance(payload, Mapping):  # admission refuses these; never sent as {}
             payload = {}
@@ -282,6 +307,9 @@ class Worker:
             )
         item.duration = time.perf_counter() - t0
         metrics.DISPATCH_DURATION.labels(op.provider).observe(item.duration)
+        self._finish(item)
+
+    def _finish(self, item: InFlight) -> None:
         if self._oldest_done is None:
             self._oldest_done = time.monotonic()
         self._done.put(item)
@@ -369,6 +397,13 @@ class Worker:
 
     def _decide(self, item: InFlight, now: datetime) -> outcomes.Decision:
         assert item.outcome is not None
+        if item.not_sent:
+            return outcomes.Decision(
+                S.UNKNOWN,
+                reason=outcomes.DEDUP_WINDOW_PASSED,
+                last_outcome=item.op.last_outcome,
+                dedup_refused=True,
+            )
         caps = self.providers[item.op.provider].capabilities
         return outcomes.decide(
             item.outcome,

@@ -27,7 +27,7 @@ from outbox.ddl import DEFAULT_MAX_PAYLOAD_BYTES
 from outbox.digest import canonical_json, default_idempotency_key, payload_digest
 from outbox.records import OperationRecord, TaskRecord
 from outbox.secrets import check_no_secrets
-from outbox.states import NON_TERMINAL, OperationStatus
+from outbox.states import MAYBE_APPLIED, NON_TERMINAL, OperationStatus
 from outbox.tenancy import set_tenant
 from outbox.types import db_now
 
@@ -439,9 +439,28 @@ def sweep_cancelled(
     if task_id is not None:
         cancelled_tasks = cancelled_tasks.where(tasks_t.c.task_id == task_id)
     match = sa.tuple_(ops_t.c.tenant_id, ops_t.c.task_id).in_(cancelled_tasks)
+    maybe_applied = ops_t.c.last_outcome.in_(sorted(MAYBE_APPLIED))
+    # A pending row whose earlier attempt may have landed is not "never sent": it cannot be
+    # recalled, so it is reconciled (unknown) instead; not found -> cancelled on a later sweep.
+    uncertain = conn.execute(
+        sa.update(ops_t)
+        .where(match, ops_t.c.status == OperationStatus.PENDING.value, maybe_applied)
+        .values(
+            status=OperationStatus.UNKNOWN.value,
+            status_reason="cancel_too_late",
+            next_attempt_at=None,
+            state_revision=ops_t.c.state_revision + 1,
+            updated_at=db_now(),
+        )
+        .returning(ops_t.c.tenant_id, ops_t.c.task_id, ops_t.c.operation_id)
+    ).all()
     moved = conn.execute(
         sa.update(ops_t)
-        .where(match, ops_t.c.status.in_([OperationStatus.PENDING, OperationStatus.BLOCKED]))
+        .where(
+            match,
+            ops_t.c.status.in_([OperationStatus.PENDING, OperationStatus.BLOCKED]),
+            sa.or_(ops_t.c.last_outcome.is_(None), ~maybe_applied),
+        )
         .values(
             status=OperationStatus.CANCELLED.value,
             status_reason="task_cancelled",
@@ -462,31 +481,49 @@ def sweep_cancelled(
                 ops_t.c.tenant_id, ops_t.c.task_id, ops_t.c.operation_id, ops_t.c.status
             ).where(match, ops_t.c.status.in_(late_statuses))
         ).all()
-    rows = [
-        {
-            "tenant_id": r.tenant_id,
-            "task_id": r.task_id,
-            "operation_id": r.operation_id,
-            "kind": "transition",
-            "from_status": None,
-            "to_status": "cancelled",
-            "actor": actor,
-            "reason": reason or "task_cancelled",
-        }
-        for r in moved
-    ] + [
-        {
-            "tenant_id": r.tenant_id,
-            "task_id": r.task_id,
-            "operation_id": r.operation_id,
-            "kind": "cancel_too_late",
-            "from_status": r.status,
-            "to_status": r.status,
-            "actor": actor,
-            "reason": "already possibly dispatched: reconciled, not recalled",
-        }
-        for r in late
-    ]
+    rows = (
+        [
+            {
+                "tenant_id": r.tenant_id,
+                "task_id": r.task_id,
+                "operation_id": r.operation_id,
+                "kind": "transition",
+                "from_status": None,
+                "to_status": "cancelled",
+                "actor": actor,
+                "reason": reason or "task_cancelled",
+            }
+            for r in moved
+        ]
+        + [
+            {
+                "tenant_id": r.tenant_id,
+                "task_id": r.task_id,
+                "operation_id": r.operation_id,
+                "kind": "cancel_too_late",
+                "from_status": r.status,
+                "to_status": r.status,
+                "actor": actor,
+                "reason": "already possibly dispatched: reconciled, not recalled",
+            }
+            for r in late
+            if r.operation_id not in {u.operation_id for u in uncertain}
+        ]
+        + [
+            {
+                "tenant_id": r.tenant_id,
+                "task_id": r.task_id,
+                "operation_id": r.operation_id,
+                "kind": "cancel_too_late",
+                "from_status": "pending",
+                "to_status": "unknown",
+                "actor": actor,
+                "reason": "an earlier attempt may have landed: reconciled, not recalled",
+            }
+            for r in uncertain
+        ]
+    )
     if rows:
         conn.execute(sa.insert(events_t), rows)
-    return CancelResult(tuple(r.operation_id for r in moved), tuple(r.operation_id for r in late))
+    too_late = {r.operation_id for r in late} | {r.operation_id for r in uncertain}
+    return CancelResult(tuple(r.operation_id for r in moved), tuple(sorted(too_late)))

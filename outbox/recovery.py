@@ -39,7 +39,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 
-from outbox import errors, schema
+from outbox import errors, schema, states
 from outbox.api import list_operations
 from outbox.approvals import APPROVAL_REASONS, Approval, evaluate
 from outbox.digest import payload_digest
@@ -55,9 +55,7 @@ VERIFIER_META_PREFIX = "verifier:"
 """``outbox_meta`` rows (tenant ``*``) the daemon's verifier publishes: ``verifier:NAME``
 = ``1`` when provider NAME implements ``verify``, ``0`` when it does not."""
 VERIFICATION_FAILED = "verification_failed"
-#: Last outcomes after which the effect may exist at the receiver (mirrors
-#: ``dispatcher.outcomes.MAYBE_APPLIED``; ``outbox`` does not import the daemon).
-MAYBE_APPLIED = frozenset({"ambiguous", "in_flight", "lost", "accepted"})
+MAYBE_APPLIED = states.MAYBE_APPLIED
 #: Blocked reasons that new authority clears (then ``outboxd ops requeue``).
 AUTHORITY_REASONS = APPROVAL_REASONS | {"policy_denied"}
 

@@ -8,7 +8,8 @@ the code goes through :func:`check_transition`; the table below is also what
 Who moves a row *out* of each state:
 
 =============  ==================================================================
-pending        the dispatcher's claim (-> claimed); cancellation (-> cancelled)
+pending        the dispatcher's claim (-> claimed); cancellation (-> cancelled, or -> unknown
+               when an earlier attempt may have landed)
 claimed        the dispatcher's checks (-> dispatching / blocked / cancelled, or
                unknown when an earlier ambiguous attempt may not be re-sent blindly);
                lease recovery (-> pending: it was never sent)
@@ -50,7 +51,7 @@ S = OperationStatus
 
 #: Allowed automatic transitions (from -> set of to). Operator overrides are separate.
 TRANSITIONS: dict[OperationStatus, frozenset[OperationStatus]] = {
-    S.PENDING: frozenset({S.CLAIMED, S.CANCELLED, S.BLOCKED}),
+    S.PENDING: frozenset({S.CLAIMED, S.CANCELLED, S.BLOCKED, S.UNKNOWN}),
     S.CLAIMED: frozenset({S.DISPATCHING, S.BLOCKED, S.PENDING, S.CANCELLED, S.UNKNOWN}),
     S.DISPATCHING: frozenset({S.APPLIED, S.REJECTED, S.PENDING, S.UNKNOWN, S.BLOCKED}),
     S.UNKNOWN: frozenset({S.APPLIED, S.PENDING, S.BLOCKED, S.REJECTED}),
@@ -75,6 +76,12 @@ OVERRIDES: dict[OperationStatus, frozenset[OperationStatus]] = {
     S.REJECTED: frozenset({S.PENDING}),
     S.APPLIED: frozenset({S.VERIFIED}),
 }
+
+
+#: ``last_outcome`` values after which the effect may exist at the receiver. Sticky until a
+#: reconciliation establishes "not applied" (``reconciled_not_applied``): a row carrying one
+#: is never re-sent blindly, nor cancelled as if it had never been sent.
+MAYBE_APPLIED: frozenset[str] = frozenset({"ambiguous", "in_flight", "lost", "accepted"})
 
 
 def check_transition(
