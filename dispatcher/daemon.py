@@ -119,17 +119,19 @@ class Daemon:
         signal.signal(signal.SIGTERM, handler)
         signal.signal(signal.SIGINT, handler)
 
-    def _wait_for_database(self) -> None:
+    def _wait_for_database(self) -> bool:
         """Check the schema, waiting with back-off while the database is unreachable (a
         sidecar may start before its database). A schema that is not current is an error."""
         backoff = 0.0
         while True:
             try:
                 migrate.check_current(self.engine, self.config.database.schema)
-                return
+                return True
             except sa.exc.DBAPIError as exc:
-                if self.stopping.is_set() or self.engine.dialect.name == "sqlite":
+                if self.engine.dialect.name == "sqlite":
                     raise  # a local file that cannot be opened will not appear by waiting
+                if self.stopping.is_set():
+                    return False
                 backoff = min(MAX_BACKOFF_SECONDS, max(0.2, backoff * 2))
                 log.warning(
                     "database unreachable at start-up; waiting",
@@ -138,7 +140,9 @@ class Daemon:
                 self.stopping.wait(backoff)
 
     def run(self, *, once: bool = False) -> int:
-        self._wait_for_database()
+        if not self._wait_for_database():
+            log.info("stopped before the database was reachable")
+            return 0
         m = self.config.metrics
         metrics.init_labels(self.providers)
         if m.enabled and not once:
