@@ -31,10 +31,11 @@ from dispatcher import gauges, httpserver, metrics
 from dispatcher.authority import Authority, artifact_store
 from dispatcher.config import Config
 from dispatcher.reconcile import Reconciler
+from dispatcher.recording import WorkerSettings
 from dispatcher.recovery import LeaseRecovery
 from dispatcher.retention_job import RetentionJob
 from dispatcher.verifier import Verifier
-from dispatcher.worker import RECORD_LINGER_SECONDS, Worker, WorkerSettings
+from dispatcher.worker import RECORD_LINGER_SECONDS, Worker
 from outbox import db, migrate
 from outbox.ddl import NOTIFY_CHANNEL
 from outbox.errors import MigrationError

@@ -16,7 +16,7 @@ import time
 from collections import defaultdict
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -25,6 +25,7 @@ from sqlalchemy.engine import Engine
 from dispatcher import failpoints, journal, metrics, outcomes
 from dispatcher import queries as q
 from dispatcher.checks import AuthorityCheck, NoAuthority, pre_dispatch
+from dispatcher.recording import InFlight, WorkerSettings, attempt_row, decide, observe
 from outbox.artifacts import ArtifactStore
 from outbox.records import OperationRecord
 from outbox.states import OperationStatus
@@ -33,37 +34,6 @@ from providers.base import Dispatch, Outcome, OutcomeKind, Provider, TransportPh
 log = logging.getLogger("outboxd.dispatch")
 RECORD_LINGER_SECONDS = 0.01
 S = OperationStatus
-
-
-@dataclass
-class InFlight:
-    op: OperationRecord
-    token: int
-    revision: int  # after the dispatching commit
-    attempt: int
-    first_dispatched_at: datetime
-    started_at: datetime
-    digest: str | None
-    t0: float = field(default_factory=time.monotonic)
-    extended_at: float = field(default_factory=time.monotonic)
-    outcome: Outcome | None = None
-    duration: float = 0.0
-    payload: Mapping[str, Any] | None = None  # what is sent (a resolved artifact, verified)
-    send_by: float | None = None
-    """For a blind re-send: the monotonic instant the receiver's dedup window (less the
-    margin) closes. Checked again right before the request leaves: a send delayed past it
-    (a full pool, a paused process) is not made, and the row is reconciled instead."""
-    not_sent: bool = False
-
-
-@dataclass(frozen=True)
-class WorkerSettings:
-    worker_id: str
-    batch_size: int = 100
-    concurrency: int = 32
-    lease_seconds: float = 30.0
-    dedup_safety_margin: float = 0.1
-    max_payload_bytes: int = 262_144
 
 
 class Worker:
@@ -364,7 +334,7 @@ class Worker:
             now = q.fetch_db_now(conn)
             by_token: dict[int, list[tuple[InFlight, outcomes.Decision]]] = defaultdict(list)
             for item in items:
-                by_token[item.token].append((item, self._decide(item, now)))
+                by_token[item.token].append((item, decide(item, self.providers, self.s, now)))
             events: list[dict[str, Any]] = []
             attempts: list[dict[str, Any]] = []
             for token, group in by_token.items():
@@ -389,103 +359,13 @@ class Worker:
                 )
                 moved_all |= moved
                 for item, d in group:
-                    events.extend(self._observe(item, d, item.op.id in moved))
-                    attempts.append(self._attempt_row(item, now, fenced=item.op.id not in moved))
+                    events.extend(observe(item, d, self.s.worker_id, moved=item.op.id in moved))
+                    attempts.append(
+                        attempt_row(item, self.s.worker_id, now, fenced=item.op.id not in moved)
+                    )
             journal.write(conn, events, attempts)
             failpoints.hit("before_receipt_commit")
         return moved_all
-
-    def _decide(self, item: InFlight, now: datetime) -> outcomes.Decision:
-        assert item.outcome is not None
-        if item.not_sent:
-            return outcomes.Decision(
-                S.UNKNOWN,
-                reason=outcomes.DEDUP_WINDOW_PASSED,
-                last_outcome=item.op.last_outcome,
-                dedup_refused=True,
-            )
-        caps = self.providers[item.op.provider].capabilities
-        return outcomes.decide(
-            item.outcome,
-            caps=caps,
-            policy=outcomes.policy_for(caps, item.op.max_attempts, item.op.max_elapsed_seconds),
-            margin=self.s.dedup_safety_margin,
-            attempts=item.attempt,
-            first_dispatched_at=item.first_dispatched_at,
-            prior_outcome=item.op.last_outcome,
-            now=now,
-        )
-
-    def _observe(self, item: InFlight, d: outcomes.Decision, moved: bool) -> list[dict[str, Any]]:
-        out = item.outcome
-        assert out is not None
-        provider = item.op.provider
-        metrics.DISPATCH_ATTEMPTS.labels(provider, out.kind.value).inc()
-        if not moved:
-            return []
-        if out.replayed:
-            metrics.DUPLICATES_SUPPRESSED.labels(provider, "receiver_replay").inc()
-        if d.retried:
-            metrics.RETRIES.labels(provider).inc()
-        if d.dedup_refused:
-            metrics.DEDUP_WINDOW_REFUSALS.labels(provider).inc()
-        quiet = d.status not in (S.UNKNOWN, S.BLOCKED, S.REJECTED)
-        log.log(
-            logging.INFO if quiet else logging.WARNING,
-            "dispatch outcome",
-            extra={
-                "operation_id": item.op.operation_id,
-                "tenant": item.op.tenant_id,
-                "fencing_token": item.token,
-                "attempt": item.attempt,
-                "outcome": out.kind.value,
-                "status": d.status.value,
-                "reason": d.reason,
-            },
-        )
-        return [
-            journal.event(
-                item.op,
-                from_status="dispatching",
-                to_status=d.status.value,
-                reason=d.reason,
-                actor=self.s.worker_id,
-                fencing_token=item.token,
-                detail={
-                    "outcome": out.kind.value,
-                    "status_code": out.status_code,
-                    "replayed": out.replayed,
-                },
-            )
-        ]
-
-    def _attempt_row(self, item: InFlight, now: datetime, *, fenced: bool) -> dict[str, Any]:
-        out = item.outcome
-        assert out is not None
-        evidence: dict[str, Any] = dict(out.evidence)
-        if out.reason:
-            evidence["reason"] = out.reason
-        if out.retry_after_seconds is not None:
-            evidence["retry_after_seconds"] = out.retry_after_seconds
-        if out.replayed:
-            evidence["replayed"] = True
-        if fenced:
-            evidence["fenced"] = True
-        return journal.attempt(
-            item.op,
-            attempt_no=item.attempt,
-            token=item.token,
-            worker=self.s.worker_id,
-            result_class=out.kind.value,
-            started_at=item.started_at,
-            finished_at=now,
-            status_code=out.status_code,
-            error_class=out.error_class,
-            transport_phase=out.transport_phase.value,
-            request_digest=item.digest,
-            duration_ms=round(item.duration * 1000, 3),
-            evidence=evidence,
-        )
 
     # -- leases and shutdown -------------------------------------------------------------
     def extend_leases(self) -> None:

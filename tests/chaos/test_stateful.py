@@ -44,8 +44,9 @@ from hypothesis.stateful import (
 )
 
 from dispatcher.reconcile import Reconciler
+from dispatcher.recording import WorkerSettings
 from dispatcher.recovery import LeaseRecovery
-from dispatcher.worker import Worker, WorkerSettings
+from dispatcher.worker import Worker
 from outbox import db, migrate, schema
 from outbox.api import StagedOperation, advance, cancel_task
 from providers.base import (

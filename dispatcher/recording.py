@@ -1,0 +1,154 @@
+"""One send and what it means: the in-flight record of a dispatch attempt, and the pure
+mapping from its outcome to the operation's next state, the metrics, the log line, the
+``outbox_events`` row and the ``outbox_attempts`` row (evidence). No I/O here; the
+worker writes the rows in one transaction per batch."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from dispatcher import journal, metrics, outcomes
+from outbox.records import OperationRecord
+from outbox.states import OperationStatus
+from providers.base import Outcome, Provider
+
+log = logging.getLogger("outboxd.dispatch")
+S = OperationStatus
+
+
+@dataclass
+class InFlight:
+    op: OperationRecord
+    token: int
+    revision: int  # after the dispatching commit
+    attempt: int
+    first_dispatched_at: datetime
+    started_at: datetime
+    digest: str | None
+    t0: float = field(default_factory=time.monotonic)
+    extended_at: float = field(default_factory=time.monotonic)
+    outcome: Outcome | None = None
+    duration: float = 0.0
+    payload: Mapping[str, Any] | None = None  # what is sent (a resolved artifact, verified)
+    send_by: float | None = None
+    """For a blind re-send: the monotonic instant the receiver's dedup window (less the
+    margin) closes. Checked again right before the request leaves: a send delayed past it
+    (a full pool, a paused process) is not made, and the row is reconciled instead."""
+    not_sent: bool = False
+
+
+@dataclass(frozen=True)
+class WorkerSettings:
+    worker_id: str
+    batch_size: int = 100
+    concurrency: int = 32
+    lease_seconds: float = 30.0
+    dedup_safety_margin: float = 0.1
+    max_payload_bytes: int = 262_144
+
+
+def decide(
+    item: InFlight, providers: Mapping[str, Provider], s: WorkerSettings, now: datetime
+) -> outcomes.Decision:
+    """What the outcome of ``item`` means for its operation."""
+    assert item.outcome is not None
+    if item.not_sent:
+        return outcomes.Decision(
+            S.UNKNOWN,
+            reason=outcomes.DEDUP_WINDOW_PASSED,
+            last_outcome=item.op.last_outcome,
+            dedup_refused=True,
+        )
+    caps = providers[item.op.provider].capabilities
+    return outcomes.decide(
+        item.outcome,
+        caps=caps,
+        policy=outcomes.policy_for(caps, item.op.max_attempts, item.op.max_elapsed_seconds),
+        margin=s.dedup_safety_margin,
+        attempts=item.attempt,
+        first_dispatched_at=item.first_dispatched_at,
+        prior_outcome=item.op.last_outcome,
+        now=now,
+    )
+
+
+def observe(
+    item: InFlight, d: outcomes.Decision, worker: str, *, moved: bool
+) -> list[dict[str, Any]]:
+    """Metrics, the log line and the event row of one recorded outcome."""
+    out = item.outcome
+    assert out is not None
+    provider = item.op.provider
+    metrics.DISPATCH_ATTEMPTS.labels(provider, out.kind.value).inc()
+    if not moved:
+        return []
+    if out.replayed:
+        metrics.DUPLICATES_SUPPRESSED.labels(provider, "receiver_replay").inc()
+    if d.retried:
+        metrics.RETRIES.labels(provider).inc()
+    if d.dedup_refused:
+        metrics.DEDUP_WINDOW_REFUSALS.labels(provider).inc()
+    quiet = d.status not in (S.UNKNOWN, S.BLOCKED, S.REJECTED)
+    log.log(
+        logging.INFO if quiet else logging.WARNING,
+        "dispatch outcome",
+        extra={
+            "operation_id": item.op.operation_id,
+            "tenant": item.op.tenant_id,
+            "fencing_token": item.token,
+            "attempt": item.attempt,
+            "outcome": out.kind.value,
+            "status": d.status.value,
+            "reason": d.reason,
+        },
+    )
+    return [
+        journal.event(
+            item.op,
+            from_status="dispatching",
+            to_status=d.status.value,
+            reason=d.reason,
+            actor=worker,
+            fencing_token=item.token,
+            detail={
+                "outcome": out.kind.value,
+                "status_code": out.status_code,
+                "replayed": out.replayed,
+            },
+        )
+    ]
+
+
+def attempt_row(item: InFlight, worker: str, now: datetime, *, fenced: bool) -> dict[str, Any]:
+    """The ``outbox_attempts`` row of one attempt, with its evidence."""
+    out = item.outcome
+    assert out is not None
+    evidence: dict[str, Any] = dict(out.evidence)
+    if out.reason:
+        evidence["reason"] = out.reason
+    if out.retry_after_seconds is not None:
+        evidence["retry_after_seconds"] = out.retry_after_seconds
+    if out.replayed:
+        evidence["replayed"] = True
+    if fenced:
+        evidence["fenced"] = True
+    return journal.attempt(
+        item.op,
+        attempt_no=item.attempt,
+        token=item.token,
+        worker=worker,
+        result_class=out.kind.value,
+        started_at=item.started_at,
+        finished_at=now,
+        status_code=out.status_code,
+        error_class=out.error_class,
+        transport_phase=out.transport_phase.value,
+        request_digest=item.digest,
+        duration_ms=round(item.duration * 1000, 3),
+        evidence=evidence,
+    )
