@@ -23,7 +23,7 @@ from sqlalchemy.engine import Connection
 from outbox import schema
 from outbox.records import OperationRecord
 from outbox.states import NON_TERMINAL, OperationStatus
-from outbox.types import JSONType, db_now
+from outbox.types import JSONType, db_now, is_due
 
 ops = schema.operations
 tasks = schema.tasks
@@ -70,7 +70,7 @@ def _eligible(limit: int) -> sa.Select[Any]:
         sa.select(ops.c.id)
         .where(
             ops.c.status == S.PENDING.value,
-            sa.or_(ops.c.next_attempt_at.is_(None), ops.c.next_attempt_at <= db_now()),
+            is_due(ops.c.next_attempt_at),
             ~cancelled,
             sa.or_(ops.c.ordering_key.is_(None), ~blocked_by_order),
         )

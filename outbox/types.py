@@ -103,3 +103,27 @@ def _add_seconds_sqlite(element: add_seconds, compiler: SQLCompiler, **kw: Any) 
 def _add_seconds_pg(element: add_seconds, compiler: SQLCompiler, **kw: Any) -> str:
     ts, secs = (compiler.process(c, **kw) for c in element.clauses)
     return f"({ts} + make_interval(secs => CAST({secs} AS double precision)))"
+
+
+class is_due(FunctionElement[bool]):
+    """``column IS NULL OR column <= db_now()``, written as one non-indexable comparison
+    (``COALESCE(column, minimum) <= now``). Deliberately so: the claim must walk the
+    pending-by-id index in order and stop after one batch; an indexable OR tempts the
+    planner, with stale statistics after a bulk load, into a bitmap scan and a sort of the
+    whole backlog."""
+
+    type = sa.Boolean()
+    inherit_cache = True
+    name = "is_due"
+
+
+@compiles(is_due, "sqlite")
+def _is_due_sqlite(element: is_due, compiler: SQLCompiler, **kw: Any) -> str:
+    (col,) = (compiler.process(c, **kw) for c in element.clauses)
+    return f"(COALESCE({col}, '') <= {SQLITE_NOW})"
+
+
+@compiles(is_due, "postgresql")
+def _is_due_pg(element: is_due, compiler: SQLCompiler, **kw: Any) -> str:
+    (col,) = (compiler.process(c, **kw) for c in element.clauses)
+    return f"(COALESCE({col}, '-infinity'::timestamptz) <= statement_timestamp())"
