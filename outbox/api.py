@@ -448,7 +448,6 @@ def sweep_cancelled(
         .values(
             status=OperationStatus.UNKNOWN.value,
             status_reason="cancel_too_late",
-            next_attempt_at=None,
             state_revision=ops_t.c.state_revision + 1,
             updated_at=db_now(),
         )

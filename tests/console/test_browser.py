@@ -113,6 +113,7 @@ def _shot(driver: Any, name: str) -> None:
 def test_an_operator_resolves_an_unknown_operation_with_evidence_in_a_browser(
     pg_url: str, tmp_path: Path, browser: Any
 ) -> None:
+    from selenium.common.exceptions import WebDriverException
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support import expected_conditions as ec
     from selenium.webdriver.support.ui import Select, WebDriverWait
@@ -135,7 +136,8 @@ def test_an_operator_resolves_an_unknown_operation_with_evidence_in_a_browser(
 
             browser.find_element(By.LINK_TEXT, "Unknown").click()
             wait.until(ec.presence_of_element_located((By.LINK_TEXT, target))).click()
-            wait.until(ec.text_to_be_present_in_element((By.ID, "status"), "unknown"))
+            WebDriverWait(browser, 15, ignored_exceptions=(WebDriverException,)).until(
+                ec.text_to_be_present_in_element((By.ID, "status"), "unknown"))
             assert "replica-a" in browser.find_element(By.ID, "timeline").text
             assert "open" in browser.find_element(By.ID, "dedup-window").text
 
@@ -143,8 +145,11 @@ def test_an_operator_resolves_an_unknown_operation_with_evidence_in_a_browser(
             browser.find_element(By.ID, "resolve-reason").send_keys(
                 "ticket found in the helpdesk")
             browser.find_element(By.ID, "resolve-evidence").send_keys("HELPDESK-8472")
+            before = browser.find_element(By.ID, "status")
             browser.find_element(By.ID, "resolve").click()
-            wait.until(ec.text_to_be_present_in_element((By.ID, "status"), "applied"))
+            wait.until(ec.staleness_of(before))  # the POST-redirect-GET replaced the page
+            settled = WebDriverWait(browser, 15, ignored_exceptions=(WebDriverException,))
+            settled.until(ec.text_to_be_present_in_element((By.ID, "status"), "applied"))
             timeline = browser.find_element(By.ID, "timeline").text
             assert "override" in timeline and "HELPDESK-8472" in timeline
             assert "alice" in timeline

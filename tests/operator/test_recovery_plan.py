@@ -102,6 +102,11 @@ def test_crash_rows_through_the_real_dispatcher(tmp_path: Path, sim: SimProcess)
         [o] = plan(engine, "task-crash").operations
         assert (o.evidence.status, o.step) == ("claimed", Step.REVALIDATE)
 
+        # The claim's lease expires; recovery returns the never-sent row to pending (waiting
+        # for it here, rather than relying on the next process starting slowly enough).
+        wait_until(lambda: LeaseRecovery(engine, actor="test").run_once()
+                   .returned_to_pending == 1, timeout=10)
+
         # Stop after "dispatch may have occurred" was committed, before the call.
         r = run_once(cfg, env=failpoints("after_dispatching_commit=kill"))
         assert r.returncode != 0

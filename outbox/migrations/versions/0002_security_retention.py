@@ -312,7 +312,8 @@ def _pg_policies() -> list[str]:
     stmts.append(
         f"CREATE POLICY outbox_agent_cancel_only ON {_q(OPS)} AS RESTRICTIVE FOR UPDATE "
         f"TO {r['agent']} USING (status IN ('pending', 'blocked')) "
-        "WITH CHECK (status = 'cancelled')"
+        # cancelled, or unknown when an earlier attempt may have landed (reconciled, not sent)
+        "WITH CHECK (status IN ('cancelled', 'unknown'))"
     )
     return stmts
 
