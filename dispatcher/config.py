@@ -20,9 +20,12 @@ import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from outbox.errors import ConfigError
+
+if TYPE_CHECKING:
+    from outbox.protect import Protection
 
 DEFAULT_FILE = "outboxd.toml"
 ENV_PREFIX = "OUTBOXD_"
@@ -30,6 +33,10 @@ REDACTED = "<redacted>"
 _BOOLS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
 _SECRETISH = re.compile(r"(?i)pass(word|wd)?|secret|token|credential|api_?key|auth|private")
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
+_KEY_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+PROTECT_KEY = "protect_payloads"
+"""The per-provider switch ``[providers.NAME] protect_payloads``: read here, not by the
+provider registry (it is the dispatcher's business, not the receiver's)."""
 
 
 def _check_db_url(url: str) -> str:
@@ -156,6 +163,38 @@ class ArtifactsConfig:
     directory without one). None: rows with ``payload_ref`` are blocked ``artifact_missing``."""
 
 
+def _check_key_refs(keys: Mapping[str, str]) -> Mapping[str, str]:
+    for kid, ref in keys.items():
+        if not _KEY_ID.fullmatch(kid):
+            raise ValueError(
+                f"key id {kid!r} must be 1-64 letters, digits, '.', '_' or '-' "
+                "(starting with a letter or digit)"
+            )
+        scheme, sep, target = ref.partition(":")
+        if not sep or scheme not in ("env", "file") or not target:
+            raise ValueError(
+                f"key {kid!r}: a literal key is not allowed in configuration; "
+                "write 'env:NAME' or 'file:PATH'"
+            )
+    return keys
+
+
+def _check_key_id(kid: str) -> str:
+    if not _KEY_ID.fullmatch(kid):
+        raise ValueError("must be a key id of [protection] keys")
+    return kid
+
+
+@dataclass(frozen=True)
+class ProtectionConfig:
+    keys: Mapping[str, str] = field(default_factory=dict, metadata={"check": _check_key_refs})
+    """Master keys by key id, each an ``env:NAME`` or ``file:PATH`` reference to 32 random
+    bytes in base64. Keep a retired key here for as long as a row sealed under it may still
+    have to be read; see docs/security.md."""
+    active_key: str | None = field(default=None, metadata={"check": _check_key_id})
+    """The key id new envelopes (payloads at enqueue, receipts at record time) use."""
+
+
 @dataclass(frozen=True)
 class Config:
     database: DatabaseConfig
@@ -168,6 +207,11 @@ class Config:
     source: str | None
     """Path of the file read, or None."""
     artifacts: ArtifactsConfig = field(default_factory=ArtifactsConfig)
+    protection: ProtectionConfig = field(default_factory=ProtectionConfig)
+
+    def protected_providers(self) -> frozenset[str]:
+        """Providers with ``protect_payloads = true``."""
+        return frozenset(n for n, t in self.providers.items() if t.get(PROTECT_KEY) is True)
 
 
 _SECTIONS: dict[str, type[Any]] = {
@@ -176,6 +220,7 @@ _SECTIONS: dict[str, type[Any]] = {
     "metrics": MetricsConfig,
     "retention": RetentionConfig,
     "artifacts": ArtifactsConfig,
+    "protection": ProtectionConfig,
 }
 _Value = tuple[Any, str | None, bool]  # (raw value, source, came from the environment)
 
@@ -185,13 +230,24 @@ def _error(key: str, problem: str, source: str | None) -> ConfigError:
 
 
 def _echo(key: str, value: Any) -> str:
-    if key == "database.url" or _SECRETISH.search(key):
+    if key == "database.url" or key.startswith("protection.") or _SECRETISH.search(key):
         return ""
     return f", got {value!r}"
 
 
 def _convert(value: Any, typ: Any, from_env: bool) -> Any:
     """``value`` as ``typ``; ValueError describing the expected type otherwise."""
+    if typing.get_origin(typ) is Mapping:  # a table of strings (a JSON object from env)
+        if from_env:
+            try:
+                value = json.loads(value)
+            except ValueError:
+                raise ValueError("must be a JSON object of strings") from None
+        if not isinstance(value, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+        ):
+            raise ValueError("must be a table of strings")
+        return dict(value)
     if typing.get_origin(typ) in (types.UnionType, typing.Union):
         if value is None or value == "":
             return None
@@ -391,6 +447,13 @@ def load_config(
                 "is required and must be a non-empty string",
                 origin.get((name, "kind"), source),
             )
+        protected = table.get(PROTECT_KEY, False)
+        if not isinstance(protected, bool):
+            raise _error(
+                f"providers.{name}.{PROTECT_KEY}",
+                "must be a boolean (true or false)",
+                origin.get((name, PROTECT_KEY), source),
+            )
         headers = table.get("headers", {})
         if not isinstance(headers, dict) or not all(isinstance(v, str) for v in headers.values()):
             raise _error(
@@ -404,7 +467,46 @@ def load_config(
         raise _error(
             "database.schema", "is only supported with PostgreSQL", values["database"]["schema"][1]
         )
+    _check_protection(sections["protection"], providers, values["protection"], origin, source)
     return Config(**sections, providers=_freeze(providers), source=source)
+
+
+def _check_protection(
+    prot: ProtectionConfig,
+    providers: Mapping[str, Mapping[str, Any]],
+    values: Mapping[str, _Value],
+    origin: Mapping[tuple[str, str], str | None],
+    source: str | None,
+) -> None:
+    def where(key: str) -> str | None:
+        return values[key][1] if key in values else source
+
+    if prot.keys and prot.active_key is None:
+        raise _error("protection.active_key", "is required when keys are given", where("keys"))
+    if prot.active_key is not None and prot.active_key not in prot.keys:
+        raise _error(
+            "protection.active_key", "names no key of protection.keys", where("active_key")
+        )
+    for name, table in providers.items():
+        if table.get(PROTECT_KEY) is True and not prot.keys:
+            raise _error(
+                f"providers.{name}.{PROTECT_KEY}",
+                "needs [protection] keys and active_key",
+                origin.get((name, PROTECT_KEY), source),
+            )
+
+
+def protection_of(cfg: Config, environ: Mapping[str, str] | None = None) -> Protection | None:
+    """The key ring and protected providers of ``cfg``, with the keys resolved (a missing
+    variable or file, or a malformed key, is a ConfigError naming the key id and the
+    reference, never the value); None when ``[protection]`` has no keys."""
+    if not cfg.protection.keys or cfg.protection.active_key is None:
+        return None
+    from outbox.protect import Protection
+
+    return Protection.from_references(
+        cfg.protection.keys, cfg.protection.active_key, cfg.protected_providers(), environ
+    )
 
 
 def redact_url(url: str) -> str:

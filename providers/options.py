@@ -38,7 +38,8 @@ class SectionReader:
     def __init__(self, name: str, section: Mapping[str, Any]) -> None:
         self.name = name
         self._section = dict(section)
-        self._taken: set[str] = {"kind"}
+        # protect_payloads is the dispatcher's (dispatcher.config), not the receiver's
+        self._taken: set[str] = {"kind", "protect_payloads"}
 
     def key(self, key: str) -> str:
         return f"providers.{self.name}.{key}"

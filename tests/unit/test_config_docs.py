@@ -19,6 +19,7 @@ SECTIONS = {
     "metrics": config.MetricsConfig,
     "retention": config.RetentionConfig,
     "artifacts": config.ArtifactsConfig,
+    "protection": config.ProtectionConfig,
 }
 
 
