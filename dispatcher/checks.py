@@ -10,7 +10,7 @@ with it.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, Protocol
 
@@ -19,6 +19,7 @@ from sqlalchemy.engine import Connection
 from dispatcher import outcomes
 from outbox.admission import admit
 from outbox.artifacts import ArtifactStore
+from outbox.protect import EnvelopeError, Protection, open_payload
 from outbox.records import OperationRecord
 from outbox.states import OperationStatus
 from providers.base import Provider
@@ -85,9 +86,17 @@ def pre_dispatch(
     margin: float,
     now: datetime,
     artifacts: ArtifactStore | None = None,
+    protection: Protection | None = None,
 ) -> Verdict:
     """The dispatcher's own checks for one claimed row (no database I/O; an artifact is
-    read from ``artifacts``)."""
+    read from ``artifacts``). A protected payload is opened here, in memory only, so
+    admission re-checks the plaintext's digest and what is sent is the plaintext."""
+    try:
+        plain = open_payload(protection, op)
+    except EnvelopeError as exc:
+        return Verdict(S.BLOCKED, exc.reason, detail=str(exc))
+    if plain is not op.payload:
+        op = replace(op, payload=plain)
     provider = providers.get(op.provider)
     caps = provider.capabilities if provider is not None else None
     adm = admit(

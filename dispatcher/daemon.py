@@ -29,7 +29,7 @@ from sqlalchemy.engine import Engine
 
 from dispatcher import gauges, httpserver, metrics
 from dispatcher.authority import Authority, artifact_store
-from dispatcher.config import Config
+from dispatcher.config import Config, protection_of
 from dispatcher.reconcile import Reconciler
 from dispatcher.recording import WorkerSettings
 from dispatcher.recovery import LeaseRecovery
@@ -63,6 +63,7 @@ class Daemon:
         if authority is None:  # imports configured policies: a bad one stops start-up here
             authority = Authority.from_config(config)
         self.worker_id = d.worker_id or default_worker_id()
+        self.protection = protection_of(config)  # keys resolved now: a bad one stops start-up
         self.engine: Engine = db.create_engine(
             config.database.url,
             schema=config.database.schema,
@@ -82,13 +83,18 @@ class Daemon:
                 lease_seconds=d.lease_seconds,
                 dedup_safety_margin=d.dedup_safety_margin,
                 max_payload_bytes=config.database.max_payload_bytes,
+                protection=self.protection,
             ),
             authority=authority,
             artifacts=artifact_store(config),
         )
         self.recovery = LeaseRecovery(self.engine, actor=self.worker_id)
-        self.reconciler = Reconciler(self.engine, self.providers, actor=self.worker_id)
-        self.verifier = Verifier(self.engine, self.providers, actor=self.worker_id)
+        self.reconciler = Reconciler(
+            self.engine, self.providers, actor=self.worker_id, protection=self.protection
+        )
+        self.verifier = Verifier(
+            self.engine, self.providers, actor=self.worker_id, protection=self.protection
+        )
         self.health = httpserver.Health(wedged_after=max(60.0, d.lease_seconds * 2))
         self.health.ready_check = self._ready_problem
         self.gauges = gauges.GaugeRefresher(self.engine)

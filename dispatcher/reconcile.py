@@ -25,6 +25,7 @@ from sqlalchemy.engine import Engine
 
 from dispatcher import failpoints, journal, metrics
 from dispatcher import queries as q
+from outbox.protect import Protection, seal_receipt
 from outbox.records import OperationRecord
 from outbox.states import OperationStatus
 from providers.base import Dispatch, LookupConsistency, LookupKind, LookupResult, Provider
@@ -53,11 +54,13 @@ class Reconciler:
         *,
         actor: str,
         limit: int = DEFAULT_LIMIT,
+        protection: Protection | None = None,
     ) -> None:
         self.engine = engine
         self.providers = providers
         self.actor = actor
         self.limit = limit
+        self.protection = protection  # seals the look-up receipts of protected providers
 
     def run_once(self) -> ReconcileCounts:
         counts = ReconcileCounts()
@@ -99,7 +102,9 @@ class Reconciler:
                 "reconciled_found",
                 counts,
                 result=result.kind.value,
-                receipt={"reconciled": True, **_receipt(result)},
+                receipt=seal_receipt(
+                    self.protection, row, {"reconciled": True, **_receipt(result)}
+                ),
                 last_outcome="applied",
             )
             metrics.DUPLICATES_SUPPRESSED.labels(row.provider, "reconcile_found_applied").inc()

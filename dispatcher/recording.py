@@ -8,11 +8,12 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
 from dispatcher import journal, metrics, outcomes
+from outbox.protect import Protection, seal_receipt
 from outbox.records import OperationRecord
 from outbox.states import OperationStatus
 from providers.base import Outcome, Provider
@@ -50,6 +51,8 @@ class WorkerSettings:
     lease_seconds: float = 30.0
     dedup_safety_margin: float = 0.1
     max_payload_bytes: int = 262_144
+    protection: Protection | None = None
+    """Opens protected payloads before the send; seals receipts of protected providers."""
 
 
 def decide(
@@ -65,7 +68,7 @@ def decide(
             dedup_refused=True,
         )
     caps = providers[item.op.provider].capabilities
-    return outcomes.decide(
+    d = outcomes.decide(
         item.outcome,
         caps=caps,
         policy=outcomes.policy_for(caps, item.op.max_attempts, item.op.max_elapsed_seconds),
@@ -75,6 +78,8 @@ def decide(
         prior_outcome=item.op.last_outcome,
         now=now,
     )
+    sealed = seal_receipt(s.protection, item.op, d.receipt)  # protected providers only
+    return d if sealed is d.receipt else replace(d, receipt=sealed)
 
 
 def observe(

@@ -34,6 +34,7 @@ from sqlalchemy.engine import Engine
 
 from dispatcher import failpoints, journal
 from outbox import schema
+from outbox.protect import Protection, open_receipt
 from outbox.records import OperationRecord
 from outbox.recovery import VERIFICATION_FAILED, VERIFIER_META_PREFIX
 from outbox.states import OperationStatus, check_transition
@@ -63,10 +64,12 @@ class Verifier:
         *,
         actor: str,
         limit: int = DEFAULT_LIMIT,
+        protection: Protection | None = None,
     ) -> None:
         self.engine = engine
         self.actor = actor
         self.limit = limit
+        self.protection = protection  # opens sealed receipts, in memory
         self.configured = sorted(providers)
         self.verifiers: dict[str, Verifying] = {}
         for name, provider in providers.items():
@@ -122,8 +125,9 @@ class Verifier:
         return counts
 
     def _one(self, row: OperationRecord, counts: VerifyCounts) -> None:
-        receipt: Mapping[str, Any] = row.receipt if isinstance(row.receipt, dict) else {}
         try:
+            opened = open_receipt(self.protection, row)
+            receipt: Mapping[str, Any] = opened if isinstance(opened, dict) else {}
             result = self.verifiers[row.provider].verify(receipt)
         except Exception as exc:
             result = VerifyResult(VerifyKind.INDETERMINATE, reason=type(exc).__name__)

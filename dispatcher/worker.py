@@ -117,6 +117,7 @@ class Worker:
                     max_payload_bytes=self.s.max_payload_bytes,
                     now=now,
                     artifacts=self.artifacts,
+                    protection=self.s.protection,
                 )
                 digests[op.id] = v.digest
                 payloads[op.id] = v.payload
@@ -133,7 +134,9 @@ class Worker:
                 if v.dedup_refused:
                     metrics.DEDUP_WINDOW_REFUSALS.labels(op.provider).inc()
             as_sent = [
-                replace(op, payload=payloads[op.id]) if op.payload is None else op for op in passing
+                # what is sent: a resolved artifact, or an opened envelope
+                replace(op, payload=p) if (p := payloads[op.id]) is not op.payload else op
+                for op in passing
             ]
             for op_id, reason in self.authority.check(conn, as_sent, now).items():
                 op = by_id[op_id]

@@ -21,7 +21,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 
-from outbox import errors, schema
+from outbox import errors, protect, schema
 from outbox.db import mapped_errors
 from outbox.ddl import DEFAULT_MAX_PAYLOAD_BYTES
 from outbox.digest import canonical_json, default_idempotency_key, payload_digest
@@ -93,9 +93,15 @@ def _unportable(value: Any, path: str = "$") -> str | None:
 
 
 def _prepare(
-    tenant_id: str, task_id: str, op: StagedOperation, max_payload_bytes: int
+    tenant_id: str,
+    task_id: str,
+    op: StagedOperation,
+    max_payload_bytes: int,
+    protection: protect.Protection | None = None,
 ) -> dict[str, Any]:
-    """Validate an operation before anything is written; returns the row to insert."""
+    """Validate an operation before anything is written; returns the row to insert (the
+    payload sealed in an envelope when ``protection`` covers the provider; the digest is
+    always the plaintext's)."""
     for name, value in (
         ("tenant_id", tenant_id),
         ("task_id", task_id),
@@ -116,6 +122,11 @@ def _prepare(
         if not isinstance(op.payload, Mapping):
             raise errors.InvalidPayload(
                 "the payload must be a JSON object", operation_id=op.operation_id
+            )
+        if protect.ENVELOPE_KEY in op.payload:
+            raise errors.InvalidPayload(
+                f"the top-level key {protect.ENVELOPE_KEY!r} is reserved for envelopes",
+                operation_id=op.operation_id,
             )
         try:
             size = len(canonical_json(dict(op.payload)))
@@ -144,12 +155,21 @@ def _prepare(
                 "payload_digest does not match the payload", operation_id=op.operation_id
             )
         digest = computed
+    stored: Any = dict(op.payload) if op.payload is not None else None
+    if stored is not None and protection is not None and protection.protects(op.provider):
+        stored = protection.seal_payload(tenant_id, op.operation_id, stored)
+        if len(canonical_json(stored)) > max_payload_bytes:
+            raise errors.InvalidPayload(
+                "the encrypted payload exceeds max_payload_bytes",
+                operation_id=op.operation_id,
+                limit=max_payload_bytes,
+            )
     row = {
         "tenant_id": tenant_id,
         "task_id": task_id,
         "operation_id": op.operation_id,
         "provider": op.provider,
-        "payload": dict(op.payload) if op.payload is not None else None,
+        "payload": stored,
         "payload_ref": op.payload_ref,
         "payload_digest": digest,
         "requires_approval": op.requires_approval,
@@ -239,6 +259,7 @@ def enqueue(
     provider: str,
     payload: Mapping[str, Any] | None = None,
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+    protection: protect.Protection | None = None,
     **options: Any,
 ) -> OperationRecord:
     """Stage one operation in the caller's transaction (never begins, commits or retries).
@@ -248,11 +269,14 @@ def enqueue(
     :class:`~outbox.errors.PayloadMismatch` — a regenerated payload never replaces the
     accepted one. Refuses payloads that are not JSON objects, too large, or carry a
     credential (:class:`~outbox.errors.SecretInPayload`, naming the path, not the value).
-    ``options`` are the other :class:`StagedOperation` fields.
+    ``protection`` (default: :func:`outbox.protect.configure`'s) seals the payload of a
+    protected provider (see docs/security.md). ``options`` are the other
+    :class:`StagedOperation` fields.
     """
     set_tenant(conn, tenant_id)
     op = StagedOperation(operation_id=operation_id, provider=provider, payload=payload, **options)
-    return _stage(_conn(conn), _prepare(tenant_id, task_id, op, max_payload_bytes))
+    prot = protection if protection is not None else protect.default()
+    return _stage(_conn(conn), _prepare(tenant_id, task_id, op, max_payload_bytes, prot))
 
 
 def advance(
@@ -266,6 +290,7 @@ def advance(
     operations: Sequence[StagedOperation] = (),
     workflow_version: str | None = None,
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+    protection: protect.Protection | None = None,
 ) -> TaskRecord:
     """Compare-and-set the task's checkpoint and stage the operations it implies.
 
@@ -273,10 +298,12 @@ def advance(
     from ``expected_revision`` to ``expected_revision + 1``; ``expected_revision=0`` creates
     the task. A stale revision raises :class:`~outbox.errors.RevisionConflict` and writes
     nothing; so does an invalid operation (validated before the task is touched).
+    ``protection`` as for :func:`enqueue`.
     """
     c = _conn(conn)
     set_tenant(c, tenant_id)
-    rows = [_prepare(tenant_id, task_id, op, max_payload_bytes) for op in operations]
+    prot = protection if protection is not None else protect.default()
+    rows = [_prepare(tenant_id, task_id, op, max_payload_bytes, prot) for op in operations]
     for row in rows:
         existing = _existing(c, tenant_id, row["operation_id"])
         if existing is not None and not _same(existing, row):
