@@ -27,8 +27,9 @@ def test_release_checklist_access_control_encryption_logging(
 ) -> None:
     """Cross-tenant access is blocked; access to bodies is logged; payloads never reach
     logs or ``outboxd status``. Encryption: in transit through the URL's ``sslmode``
-    (libpq options pass through, see docs/security-model.md); envelope encryption of
-    payloads at rest is NOT implemented yet, so nothing here claims it."""
+    (libpq options pass through, see docs/security.md); envelope encryption of payloads
+    and receipts at rest is tested in ``test_payload_protection.py`` (the canary in
+    ``ops show``, the metrics page and ``pg_dump``)."""
     agent = db.create_engine(secure_db.login("agent"))
     owner = db.create_engine(secure_db.url)
     dispatcher_url = secure_db.login("dispatcher")
