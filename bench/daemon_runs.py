@@ -100,9 +100,8 @@ def drain(
                 else:
                     log(f"  drain timed out: {row[0]} of {row[1]} applied")
                 span = conn.execute(
-                    "SELECT extract(epoch FROM max(o.updated_at) - min(e.created_at)) "
-                    "FROM outbox_operations o, outbox_events e "
-                    "WHERE e.to_status = 'claimed'"
+                    "SELECT extract(epoch FROM (SELECT max(updated_at) FROM outbox_operations)"
+                    " - (SELECT min(created_at) FROM outbox_events WHERE to_status = 'claimed'))"
                 ).fetchone()
         finally:
             for p in procs:

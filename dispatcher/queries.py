@@ -12,14 +12,18 @@ fencing rejection: another worker (or lease recovery) moved the row on.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import json
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql as pg
 from sqlalchemy.engine import Connection
+from sqlalchemy.sql.type_api import TypeEngine
 
+from dispatcher import journal
 from outbox import schema
 from outbox.records import OperationRecord
 from outbox.states import NON_TERMINAL, OperationStatus
@@ -83,35 +87,95 @@ def operation_claim_batch(
     conn: Connection, *, worker: str, limit: int, lease_seconds: float
 ) -> tuple[int, list[OperationRecord]]:
     """Claim up to ``limit`` eligible rows: ``pending -> claimed`` with a lease on the
-    database clock and a fresh fencing token. PostgreSQL: one statement, ``FOR UPDATE SKIP
-    LOCKED`` so replicas never wait on each other; SQLite: the caller's ``BEGIN
-    IMMEDIATE`` makes this the only writer. Returns ``(token, rows)``."""
-    if conn.dialect.name == "postgresql":
+    database clock and a fresh fencing token, and their ``outbox_events`` rows. PostgreSQL:
+    one statement (the events are written by a data-modifying CTE over the claimed rows),
+    ``FOR UPDATE SKIP LOCKED`` so replicas never wait on each other; SQLite: the caller's
+    ``BEGIN IMMEDIATE`` makes this the only writer. Returns ``(token, rows)``."""
+    if _pg(conn):
         token_expr: Any = sa.select(sa.func.nextval(schema.FENCING_SEQUENCE)).scalar_subquery()
         ids = _eligible(limit).with_for_update(skip_locked=True, of=ops)
     else:
         token_expr = next_fencing_token(conn)
         ids = _eligible(limit)
-    rows = (
-        conn.execute(
-            sa.update(ops)
-            .where(ops.c.id.in_(ids.scalar_subquery()))
-            .values(
-                status=S.CLAIMED.value,
-                fencing_token=token_expr,
-                lease_owner=worker,
-                lease_expires_at=db_now(lease_seconds),
-                state_revision=ops.c.state_revision + 1,
-                updated_at=db_now(),
-            )
-            .returning(*ops.c)
+    claim = (
+        sa.update(ops)
+        .where(ops.c.id.in_(ids.scalar_subquery()))
+        .values(
+            status=S.CLAIMED.value,
+            fencing_token=token_expr,
+            lease_owner=worker,
+            lease_expires_at=db_now(lease_seconds),
+            state_revision=ops.c.state_revision + 1,
+            updated_at=db_now(),
         )
-        .mappings()
-        .all()
+        .returning(*ops.c)
     )
+    if _pg(conn):
+        claimed = claim.cte("claimed")
+        stmt: Any = sa.select(claimed).add_cte(
+            _events_of(claimed, "pending", sa.literal(S.CLAIMED.value), worker)
+        )
+        rows = conn.execute(stmt).mappings().all()
+    else:
+        rows = conn.execute(claim).mappings().all()
     records = sorted((OperationRecord.from_row(r) for r in rows), key=lambda r: r.id)
+    if records and not _pg(conn):
+        journal.transitions_from_rows(
+            conn, [r.id for r in records], from_status="pending", to_status="claimed", actor=worker
+        )
     token = records[0].fencing_token if records else 0
     return int(token or 0), records
+
+
+def _pg(conn: Connection) -> bool:
+    return conn.dialect.name == "postgresql"
+
+
+def _events_of(
+    moved: Any,
+    from_status: str,
+    to_status: Any,
+    actor: str,
+    *,
+    reason: Any = None,
+    detail: Any = None,
+    token: Any = None,
+) -> Any:
+    """An ``INSERT INTO outbox_events ... SELECT`` over the rows a data-modifying CTE moved
+    (PostgreSQL): the transition's events are written by the statement that made it."""
+    ev = schema.events
+    cols = ["tenant_id", "task_id", "operation_id", "kind", "from_status", "to_status"]
+    exprs = [
+        moved.c.tenant_id,
+        moved.c.task_id,
+        moved.c.operation_id,
+        sa.literal("transition"),
+        sa.literal(from_status),
+        to_status,
+    ]
+    cols += ["actor", "fencing_token"]
+    exprs += [sa.literal(actor), moved.c.fencing_token if token is None else sa.literal(token)]
+    if reason is not None:
+        cols.append("reason")
+        exprs.append(reason)
+    if detail is not None:
+        cols.append("detail")
+        exprs.append(detail)
+    return sa.insert(ev).from_select(cols, sa.select(*exprs)).cte(f"ev_{from_status}")
+
+
+def _rows_of(name: str, columns: Sequence[tuple[str, TypeEngine[Any], Sequence[Any]]]) -> Any:
+    """``WITH name AS (SELECT * FROM unnest(:a, :b, ...) AS name(a, b, ...))``: a batch's
+    per-row values as one array parameter per column (PostgreSQL), so the statement text
+    is the same whatever the batch size and no row crosses the wire as its own statement."""
+    arrays = [
+        sa.cast(sa.bindparam(f"{name}_{col}", list(values), type_=pg.ARRAY(sa.Text)), pg.ARRAY(t))
+        if isinstance(t, pg.JSONB)
+        else sa.bindparam(f"{name}_{col}", list(values), type_=pg.ARRAY(t))
+        for col, t, values in columns
+    ]
+    fn = sa.func.unnest(*arrays).table_valued(*[sa.column(c, t) for c, t, _ in columns])
+    return sa.select(fn.render_derived(name=f"{name}_in", with_types=False)).cte(name)
 
 
 def _fenced(token: int, pairs: Iterable[tuple[int, int]], status: OperationStatus) -> Any:
@@ -132,12 +196,18 @@ class Dispatching:
 
 
 def operation_mark_dispatching(
-    conn: Connection, *, token: int, pairs: Sequence[tuple[int, int]], lease_seconds: float
+    conn: Connection,
+    *,
+    token: int,
+    pairs: Sequence[tuple[int, int]],
+    lease_seconds: float,
+    actor: str,
 ) -> list[Dispatching]:
     """``claimed -> dispatching`` ("dispatch may have occurred"), committed before any
-    request leaves. Counts the attempt, sets ``first_dispatched_at`` once, renews the lease,
-    and refuses rows whose own or task deadline has passed on the database clock, or whose
-    task was cancelled meanwhile (they are returned absent: see :func:`refusal_reasons`)."""
+    request leaves, with the rows' ``outbox_events``. Counts the attempt, sets
+    ``first_dispatched_at`` once, renews the lease, and refuses rows whose own or task
+    deadline has passed on the database clock, or whose task was cancelled meanwhile (they
+    are returned absent: see :func:`refusal_reasons`)."""
     if not pairs:
         return []
     task_deadline_passed = sa.exists().where(
@@ -151,10 +221,33 @@ def operation_mark_dispatching(
         tasks.c.task_id == ops.c.task_id,
         tasks.c.cancelled_at.isnot(None),
     )
-    rows = conn.execute(
+    if _pg(conn):
+        v = _rows_of(
+            "marking",
+            [
+                ("id", sa.BigInteger(), [p[0] for p in pairs]),
+                ("rev", sa.BigInteger(), [p[1] for p in pairs]),
+            ],
+        )
+        fenced: Any = sa.and_(
+            ops.c.id == v.c.id,
+            ops.c.state_revision == v.c.rev,
+            ops.c.fencing_token == token,
+            ops.c.status == S.CLAIMED.value,
+        )
+    else:
+        fenced = _fenced(token, pairs, S.CLAIMED)
+    returned = (
+        ops.c.id,
+        ops.c.state_revision,
+        ops.c.attempts,
+        ops.c.first_dispatched_at,
+        ops.c.last_attempt_started_at,
+    )
+    mark = (
         sa.update(ops)
         .where(
-            _fenced(token, pairs, S.CLAIMED),
+            fenced,
             sa.or_(ops.c.deadline_at.is_(None), ops.c.deadline_at > db_now()),
             ~task_deadline_passed,
             ~task_cancelled,
@@ -168,14 +261,18 @@ def operation_mark_dispatching(
             state_revision=ops.c.state_revision + 1,
             updated_at=db_now(),
         )
-        .returning(
-            ops.c.id,
-            ops.c.state_revision,
-            ops.c.attempts,
-            ops.c.first_dispatched_at,
-            ops.c.last_attempt_started_at,
+    )
+    if _pg(conn):
+        marked = mark.returning(
+            *returned, ops.c.tenant_id, ops.c.task_id, ops.c.operation_id, ops.c.fencing_token
+        ).cte("marked")
+        events = _events_of(marked, "claimed", sa.literal(S.DISPATCHING.value), actor)
+        rows = conn.execute(sa.select(*(marked.c[c.name] for c in returned)).add_cte(events)).all()
+    else:
+        rows = conn.execute(mark.returning(*returned)).all()
+        journal.transitions_from_rows(
+            conn, [r[0] for r in rows], from_status="claimed", to_status="dispatching", actor=actor
         )
-    ).all()
     return [Dispatching(r[0], r[1], r[2], r[3], r[4]) for r in rows]
 
 
@@ -269,6 +366,171 @@ def operation_transition_many(
     return set(moved)
 
 
+@dataclass(frozen=True)
+class Recorded:
+    """One finished send to record: its fenced transition, the ``detail`` of its event, and
+    its ``outbox_attempts`` row (:func:`dispatcher.journal.attempt`, evidence not yet marked
+    fenced: that is known only when the write has matched or not)."""
+
+    op: OperationRecord
+    transition: Transition
+    detail: Mapping[str, Any] | None
+    attempt: Mapping[str, Any]
+
+
+FENCED = {"fenced": True}
+
+
+def _json(value: Any) -> str | None:
+    return None if value is None else json.dumps(value)
+
+
+_ATTEMPT_COLUMNS: tuple[tuple[str, TypeEngine[Any]], ...] = (
+    ("tenant_id", sa.Text()),
+    ("operation_id", sa.Text()),
+    ("attempt", sa.Integer()),
+    ("provider", sa.Text()),
+    ("started_at", sa.DateTime(timezone=True)),
+    ("finished_at", sa.DateTime(timezone=True)),
+    ("result_class", sa.Text()),
+    ("status_code", sa.Integer()),
+    ("error_class", sa.Text()),
+    ("transport_phase", sa.Text()),
+    ("request_digest", sa.Text()),
+    ("duration_ms", sa.Float()),
+    ("evidence", pg.JSONB()),
+)
+
+
+def operation_record_many(
+    conn: Connection, *, token: int, items: Sequence[Recorded], actor: str
+) -> set[int]:
+    """Record a batch's finished sends: each row ``dispatching ->`` its next status, fenced
+    on (id, fencing_token, state_revision, status), plus an ``outbox_events`` row for each
+    row moved and an ``outbox_attempts`` row for every attempt (a fenced one's evidence
+    says ``fenced``). PostgreSQL: one statement (the values as arrays, the event and
+    attempt rows written by data-modifying CTEs over the rows moved); SQLite: an
+    executemany and two inserts. Returns the ids moved; the others are fencing rejections."""
+    if not items:
+        return set()
+    if not _pg(conn):
+        moved = operation_transition_many(
+            conn, token=token, expected=S.DISPATCHING, items=[r.transition for r in items]
+        )
+        journal.write(
+            conn,
+            [
+                journal.event(
+                    r.op,
+                    from_status=S.DISPATCHING.value,
+                    to_status=r.transition.status.value,
+                    reason=r.transition.status_reason,
+                    actor=actor,
+                    fencing_token=token,
+                    detail=r.detail,
+                )
+                for r in items
+                if r.op.id in moved
+            ],
+            [
+                r.attempt
+                if r.op.id in moved
+                else {**r.attempt, "evidence": {**(r.attempt["evidence"] or {}), **FENCED}}
+                for r in items
+            ],
+        )
+        return moved
+    ts = [r.transition for r in items]
+    attempt_columns: list[tuple[str, TypeEngine[Any], Sequence[Any]]] = [
+        (f"a_{col}", t, [r.attempt[col] for r in items])
+        for col, t in _ATTEMPT_COLUMNS
+        if col != "evidence"
+    ]
+    attempt_columns.append(
+        ("a_evidence", pg.JSONB(), [_json(r.attempt["evidence"]) for r in items])
+    )
+    columns: list[tuple[str, TypeEngine[Any], Sequence[Any]]] = [
+        ("id", sa.BigInteger(), [t.id for t in ts]),
+        ("rev", sa.BigInteger(), [t.state_revision for t in ts]),
+        ("status", sa.Text(), [t.status.value for t in ts]),
+        ("reason", sa.Text(), [t.status_reason for t in ts]),
+        ("receipt", pg.JSONB(), [_json(t.receipt) for t in ts]),
+        ("outcome", sa.Text(), [t.last_outcome for t in ts]),
+        ("delay", sa.Float(), [t.delay_seconds for t in ts]),
+        ("digest", sa.Text(), [t.payload_digest for t in ts]),
+        ("detail", pg.JSONB(), [_json(r.detail) for r in items]),
+        *attempt_columns,
+    ]
+    rec = _rows_of("rec", columns)
+    values: dict[str, Any] = {
+        "status": rec.c.status,
+        "status_reason": rec.c.reason,
+        "receipt": sa.func.coalesce(rec.c.receipt, ops.c.receipt),
+        "last_outcome": sa.func.coalesce(rec.c.outcome, ops.c.last_outcome),
+        "next_attempt_at": sa.case(
+            (rec.c.delay.is_(None), None), else_=db_now(sa.cast(rec.c.delay, sa.Float))
+        ),
+        # the lease ends with the transition, except while a send is still in flight
+        "lease_owner": sa.case((rec.c.status == S.DISPATCHING.value, ops.c.lease_owner)),
+        "lease_expires_at": sa.case((rec.c.status == S.DISPATCHING.value, ops.c.lease_expires_at)),
+        "state_revision": ops.c.state_revision + 1,
+        "updated_at": db_now(),
+    }
+    if any(t.payload_digest is not None for t in ts):  # see operation_transition_many
+        values["payload_digest"] = sa.func.coalesce(ops.c.payload_digest, rec.c.digest)
+    moved_cte = (
+        sa.update(ops)
+        .where(
+            ops.c.id == rec.c.id,
+            ops.c.state_revision == rec.c.rev,
+            ops.c.fencing_token == token,
+            ops.c.status == S.DISPATCHING.value,
+        )
+        .values(**values)
+        .returning(
+            ops.c.id,
+            ops.c.tenant_id,
+            ops.c.task_id,
+            ops.c.operation_id,
+            rec.c.status,
+            rec.c.reason,
+            rec.c.detail,
+        )
+        .cte("moved")
+    )
+    events = _events_of(
+        moved_cte,
+        S.DISPATCHING.value,
+        moved_cte.c.status,
+        actor,
+        reason=moved_cte.c.reason,
+        detail=moved_cte.c.detail,
+        token=token,
+    )
+    evidence = sa.case(
+        (rec.c.id.in_(sa.select(moved_cte.c.id)), rec.c.a_evidence),
+        else_=sa.func.coalesce(rec.c.a_evidence, sa.literal_column("'{}'::jsonb")).op("||")(
+            sa.literal_column(f"'{json.dumps(FENCED)}'::jsonb")
+        ),
+    )
+    att = schema.attempts
+    attempts = (
+        sa.insert(att)
+        .from_select(
+            [c for c, _ in _ATTEMPT_COLUMNS] + ["fencing_token", "worker"],
+            sa.select(
+                *(rec.c[f"a_{c}"] for c, _ in _ATTEMPT_COLUMNS[:-1]),
+                evidence,
+                sa.literal(token, sa.BigInteger()),
+                sa.literal(actor),
+            ),
+        )
+        .cte("att")
+    )
+    stmt = sa.select(moved_cte.c.id).add_cte(events).add_cte(attempts)
+    return set(conn.execute(stmt).scalars())
+
+
 def lease_extend(
     conn: Connection, *, token: int, pairs: Sequence[tuple[int, int]], lease_seconds: float
 ) -> int:
@@ -282,129 +544,6 @@ def lease_extend(
         .values(lease_expires_at=db_now(lease_seconds))
     )
     return int(result.rowcount or 0)
-
-
-def lease_expired(conn: Connection, *, limit: int) -> list[OperationRecord]:
-    """Leased rows whose lease has passed on the database clock."""
-    q = (
-        sa.select(ops)
-        .where(
-            ops.c.status.in_([S.CLAIMED.value, S.DISPATCHING.value]),
-            ops.c.lease_expires_at < db_now(),
-        )
-        .order_by(ops.c.lease_expires_at)
-        .limit(limit)
-    )
-    if conn.dialect.name == "postgresql":
-        q = q.with_for_update(skip_locked=True)
-    return [OperationRecord.from_row(r) for r in conn.execute(q).mappings()]
-
-
-def lease_recover(conn: Connection, rows: Sequence[OperationRecord]) -> list[OperationRecord]:
-    """Expired ``claimed`` -> ``pending`` (never sent); expired ``dispatching`` ->
-    ``unknown`` (may have been sent: never ``pending``). Conditional on revision and an
-    expired lease, so a worker that extended its lease in time keeps it."""
-    moved: list[OperationRecord] = []
-    for status, target, reason in (
-        (S.CLAIMED, S.PENDING, None),
-        (S.DISPATCHING, S.UNKNOWN, "lease_expired_while_dispatching"),
-    ):
-        pairs = [(r.id, r.state_revision) for r in rows if r.status == status]
-        if not pairs:
-            continue
-        values: dict[str, Any] = {
-            "status": target.value,
-            "status_reason": reason,
-            "lease_owner": None,
-            "lease_expires_at": None,
-            "state_revision": ops.c.state_revision + 1,
-            "updated_at": db_now(),
-        }
-        if target == S.UNKNOWN:
-            values["last_outcome"] = "lost"
-            values["next_attempt_at"] = None
-        result = conn.execute(
-            sa.update(ops)
-            .where(
-                sa.tuple_(ops.c.id, ops.c.state_revision).in_(pairs),
-                ops.c.status == status.value,
-                ops.c.lease_expires_at < db_now(),
-            )
-            .values(**values)
-            .returning(*ops.c)
-        ).mappings()
-        moved.extend(OperationRecord.from_row(r) for r in result)
-    return moved
-
-
-def unknown_due(conn: Connection, *, limit: int) -> list[OperationRecord]:
-    """``unknown`` rows whose next look-up is due."""
-    return [
-        OperationRecord.from_row(r)
-        for r in conn.execute(
-            sa.select(ops)
-            .where(
-                ops.c.status == S.UNKNOWN.value,
-                sa.or_(ops.c.next_attempt_at.is_(None), ops.c.next_attempt_at <= db_now()),
-            )
-            .order_by(ops.c.next_attempt_at, ops.c.id)
-            .limit(limit)
-        ).mappings()
-    ]
-
-
-def unknown_resolve(
-    conn: Connection,
-    *,
-    row: OperationRecord,
-    status: OperationStatus,
-    reason: str | None,
-    receipt: Any = None,
-    last_outcome: str | None = None,
-    delay_seconds: float | None = None,
-) -> bool:
-    """Move an ``unknown`` row on from reconciliation evidence, conditional on the revision
-    read (a concurrent reconciler or operator wins; this write then matches nothing)."""
-    values: dict[str, Any] = {
-        "status": status.value,
-        "status_reason": reason,
-        "state_revision": ops.c.state_revision + 1,
-        "updated_at": db_now(),
-        "next_attempt_at": None if delay_seconds is None else db_now(delay_seconds),
-    }
-    if receipt is not None:
-        values["receipt"] = receipt
-    if last_outcome is not None:
-        values["last_outcome"] = last_outcome
-    result = conn.execute(
-        sa.update(ops)
-        .where(
-            ops.c.id == row.id,
-            ops.c.state_revision == row.state_revision,
-            ops.c.status == S.UNKNOWN.value,
-        )
-        .values(**values)
-    )
-    return bool(result.rowcount)
-
-
-def unknown_look_again(conn: Connection, *, row: OperationRecord, delay_seconds: float) -> None:
-    """Keep a row ``unknown`` and schedule its next look-up (not a transition)."""
-    conn.execute(
-        sa.update(ops)
-        .where(
-            ops.c.id == row.id,
-            ops.c.state_revision == row.state_revision,
-            ops.c.status == S.UNKNOWN.value,
-        )
-        .values(next_attempt_at=db_now(delay_seconds))
-    )
-
-
-def not_found_counts_after(row: OperationRecord, in_flight: float, settle: float) -> datetime:
-    """When a not-found look-up becomes evidence of "not applied" for this row."""
-    start = row.last_attempt_started_at or row.first_dispatched_at or row.updated_at
-    return start + timedelta(seconds=in_flight + settle)
 
 
 def refusal_reasons(conn: Connection, ids: Sequence[int]) -> dict[int, tuple[OperationStatus, str]]:

@@ -24,7 +24,7 @@ from typing import Any
 from sqlalchemy.engine import Engine
 
 from dispatcher import failpoints, journal, metrics
-from dispatcher import queries as q
+from dispatcher import repair_queries as q
 from outbox.protect import Protection, seal_receipt
 from outbox.records import OperationRecord
 from outbox.states import OperationStatus

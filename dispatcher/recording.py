@@ -13,6 +13,7 @@ from datetime import datetime
 from typing import Any
 
 from dispatcher import journal, metrics, outcomes
+from dispatcher.queries import Recorded, Transition
 from outbox.protect import Protection, seal_receipt
 from outbox.records import OperationRecord
 from outbox.states import OperationStatus
@@ -82,16 +83,14 @@ def decide(
     return d if sealed is d.receipt else replace(d, receipt=sealed)
 
 
-def observe(
-    item: InFlight, d: outcomes.Decision, worker: str, *, moved: bool
-) -> list[dict[str, Any]]:
-    """Metrics, the log line and the event row of one recorded outcome."""
+def observe(item: InFlight, d: outcomes.Decision, *, moved: bool) -> None:
+    """The metrics and the log line of one recorded outcome."""
     out = item.outcome
     assert out is not None
     provider = item.op.provider
     metrics.DISPATCH_ATTEMPTS.labels(provider, out.kind.value).inc()
     if not moved:
-        return []
+        return
     if out.replayed:
         metrics.DUPLICATES_SUPPRESSED.labels(provider, "receiver_replay").inc()
     if d.retried:
@@ -99,37 +98,47 @@ def observe(
     if d.dedup_refused:
         metrics.DEDUP_WINDOW_REFUSALS.labels(provider).inc()
     quiet = d.status not in (S.UNKNOWN, S.BLOCKED, S.REJECTED)
-    log.log(
-        logging.INFO if quiet else logging.WARNING,
-        "dispatch outcome",
-        extra={
-            "operation_id": item.op.operation_id,
-            "tenant": item.op.tenant_id,
-            "fencing_token": item.token,
-            "attempt": item.attempt,
-            "outcome": out.kind.value,
-            "status": d.status.value,
-            "reason": d.reason,
-        },
-    )
-    return [
-        journal.event(
-            item.op,
-            from_status="dispatching",
-            to_status=d.status.value,
-            reason=d.reason,
-            actor=worker,
-            fencing_token=item.token,
-            detail={
+    level = logging.INFO if quiet else logging.WARNING
+    if log.isEnabledFor(level):
+        log.log(
+            level,
+            "dispatch outcome",
+            extra={
+                "operation_id": item.op.operation_id,
+                "tenant": item.op.tenant_id,
+                "fencing_token": item.token,
+                "attempt": item.attempt,
                 "outcome": out.kind.value,
-                "status_code": out.status_code,
-                "replayed": out.replayed,
+                "status": d.status.value,
+                "reason": d.reason,
             },
         )
-    ]
 
 
-def attempt_row(item: InFlight, worker: str, now: datetime, *, fenced: bool) -> dict[str, Any]:
+def recorded(item: InFlight, d: outcomes.Decision, worker: str, now: datetime) -> Recorded:
+    """What recording ``item`` writes: its fenced transition, its event's detail, and its
+    attempt row with the evidence."""
+    out = item.outcome
+    assert out is not None
+    return Recorded(
+        item.op,
+        Transition(
+            item.op.id,
+            item.revision,
+            d.status,
+            d.reason,
+            d.receipt,
+            d.last_outcome,
+            d.delay_seconds,
+            # store the digest of a plain-SQL row the first time it is known
+            payload_digest=item.digest if item.op.payload_digest is None else None,
+        ),
+        {"outcome": out.kind.value, "status_code": out.status_code, "replayed": out.replayed},
+        attempt_row(item, worker, now),
+    )
+
+
+def attempt_row(item: InFlight, worker: str, now: datetime) -> dict[str, Any]:
     """The ``outbox_attempts`` row of one attempt, with its evidence."""
     out = item.outcome
     assert out is not None
@@ -140,8 +149,6 @@ def attempt_row(item: InFlight, worker: str, now: datetime, *, fenced: bool) -> 
         evidence["retry_after_seconds"] = out.retry_after_seconds
     if out.replayed:
         evidence["replayed"] = True
-    if fenced:
-        evidence["fenced"] = True
     return journal.attempt(
         item.op,
         attempt_no=item.attempt,

@@ -16,7 +16,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from dispatcher import journal, metrics
-from dispatcher import queries as q
+from dispatcher import repair_queries as q
 from outbox.api import sweep_cancelled
 from outbox.states import OperationStatus
 

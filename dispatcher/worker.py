@@ -25,7 +25,7 @@ from sqlalchemy.engine import Engine
 from dispatcher import failpoints, journal, metrics, outcomes
 from dispatcher import queries as q
 from dispatcher.checks import AuthorityCheck, NoAuthority, pre_dispatch
-from dispatcher.recording import InFlight, WorkerSettings, attempt_row, decide, observe
+from dispatcher.recording import InFlight, WorkerSettings, decide, observe, recorded
 from outbox.artifacts import ArtifactStore
 from outbox.records import OperationRecord
 from outbox.states import OperationStatus
@@ -80,13 +80,6 @@ class Worker:
         with self.engine.begin() as conn:
             token, rows = q.operation_claim_batch(
                 conn, worker=self.s.worker_id, limit=limit, lease_seconds=self.s.lease_seconds
-            )
-            journal.transitions_from_rows(
-                conn,
-                [r.id for r in rows],
-                from_status="pending",
-                to_status="claimed",
-                actor=self.s.worker_id,
             )
         metrics.CLAIM_DURATION.observe(time.perf_counter() - t0)
         if not rows:
@@ -161,6 +154,7 @@ class Worker:
                 token=token,
                 pairs=[(op.id, op.state_revision) for op in passing],
                 lease_seconds=self.s.lease_seconds,
+                actor=self.s.worker_id,
             )
             marked_ids = {m.id for m in marked}
             late = q.refusal_reasons(conn, [op.id for op in passing if op.id not in marked_ids])
@@ -189,13 +183,6 @@ class Worker:
                             detail=details.get(t.id),
                         )
                     )
-            journal.transitions_from_rows(
-                conn,
-                [m.id for m in marked],
-                from_status="claimed",
-                to_status="dispatching",
-                actor=self.s.worker_id,
-            )
             sends = []
             for m in marked:
                 op = by_id[m.id]
@@ -293,12 +280,13 @@ class Worker:
         return bool(self._unrecorded) or not self._done.empty()
 
     def record_due(self) -> bool:
-        """Is it time to record? When half a batch has finished, when every send in flight
-        has, or when the oldest finished one has waited ``RECORD_LINGER_SECONDS``."""
+        """Is it time to record? When a batch has finished, when every send in flight has,
+        or when the oldest finished one has waited ``RECORD_LINGER_SECONDS`` (so one slow
+        send never holds the others' records back for long)."""
         done = self._done.qsize() + len(self._unrecorded)
         if done == 0:
             return False
-        if done >= len(self._inflight) or done >= self._batch() // 2:
+        if done >= len(self._inflight) or done >= self._batch():
             return True
         oldest = self._oldest_done
         return oldest is not None and time.monotonic() - oldest >= RECORD_LINGER_SECONDS
@@ -333,40 +321,22 @@ class Worker:
 
     def _record(self, items: list[InFlight]) -> set[int]:
         moved_all: set[int] = set()
+        worker = self.s.worker_id
         with self.engine.begin() as conn:
             now = q.fetch_db_now(conn)
             by_token: dict[int, list[tuple[InFlight, outcomes.Decision]]] = defaultdict(list)
             for item in items:
                 by_token[item.token].append((item, decide(item, self.providers, self.s, now)))
-            events: list[dict[str, Any]] = []
-            attempts: list[dict[str, Any]] = []
             for token, group in by_token.items():
-                moved = q.operation_transition_many(
+                moved = q.operation_record_many(
                     conn,
                     token=token,
-                    expected=S.DISPATCHING,
-                    items=[
-                        q.Transition(
-                            i.op.id,
-                            i.revision,
-                            d.status,
-                            d.reason,
-                            d.receipt,
-                            d.last_outcome,
-                            d.delay_seconds,
-                            # store the digest of a plain-SQL row the first time it is known
-                            payload_digest=i.digest if i.op.payload_digest is None else None,
-                        )
-                        for i, d in group
-                    ],
+                    items=[recorded(i, d, worker, now) for i, d in group],
+                    actor=worker,
                 )
                 moved_all |= moved
                 for item, d in group:
-                    events.extend(observe(item, d, self.s.worker_id, moved=item.op.id in moved))
-                    attempts.append(
-                        attempt_row(item, self.s.worker_id, now, fenced=item.op.id not in moved)
-                    )
-            journal.write(conn, events, attempts)
+                    observe(item, d, moved=item.op.id in moved)
             failpoints.hit("before_receipt_commit")
         return moved_all
 

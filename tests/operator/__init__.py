@@ -64,7 +64,9 @@ def make_dispatching(engine: Engine, *, lease: float = 60.0) -> None:
     """Claim and commit ``dispatching`` (what a worker does right before sending)."""
     token, pairs = claim(engine, lease=lease)
     with engine.begin() as conn:
-        q.operation_mark_dispatching(conn, token=token, pairs=pairs, lease_seconds=lease)
+        q.operation_mark_dispatching(
+            conn, token=token, pairs=pairs, lease_seconds=lease, actor="test"
+        )
 
 
 def make_unknown(engine: Engine) -> None:
