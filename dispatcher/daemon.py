@@ -69,6 +69,7 @@ class Daemon:
             schema=config.database.schema,
             pool_size=config.database.pool_size,
             connect_timeout=config.database.connect_timeout_seconds,
+            pre_ping=False,  # see outbox.db.create_engine
         )
         self.providers = (
             dict(providers) if providers is not None else build_providers(config.providers)

@@ -12,18 +12,16 @@ fencing rejection: another worker (or lease recovery) moved the row on.
 
 from __future__ import annotations
 
-import json
+import functools
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql as pg
 from sqlalchemy.engine import Connection
-from sqlalchemy.sql.type_api import TypeEngine
 
-from dispatcher import journal
+from dispatcher import journal, pg_batch
 from outbox import schema
 from outbox.records import OperationRecord
 from outbox.states import NON_TERMINAL, OperationStatus
@@ -56,7 +54,7 @@ def next_fencing_token(conn: Connection) -> int:
     return int(value)
 
 
-def _eligible(limit: int) -> sa.Select[Any]:
+def _eligible(limit: int | Any) -> sa.Select[Any]:
     """Pending rows that are due, whose task is not cancelled, and that are first in line
     for their ordering key (no earlier non-terminal operation with the same key)."""
     earlier = ops.alias("earlier")
@@ -83,41 +81,75 @@ def _eligible(limit: int) -> sa.Select[Any]:
     )
 
 
+CLAIM_LIMIT = sa.bindparam("claim_limit", type_=sa.Integer())
+
+
+@functools.cache
+def _pg_eligible() -> sa.Select[Any]:
+    return _eligible(CLAIM_LIMIT).with_for_update(skip_locked=True, of=ops)
+
+
+@functools.cache
+def _may_dispatch() -> Any:
+    return sa.and_(
+        sa.or_(ops.c.deadline_at.is_(None), ops.c.deadline_at > db_now()),
+        ~_task_deadline_passed(),
+        ~_task_cancelled(),
+    )
+
+
+def _task_deadline_passed() -> Any:
+    return sa.exists().where(
+        tasks.c.tenant_id == ops.c.tenant_id,
+        tasks.c.task_id == ops.c.task_id,
+        tasks.c.deadline_at.isnot(None),
+        tasks.c.deadline_at <= db_now(),
+    )
+
+
+def _task_cancelled() -> Any:
+    return sa.exists().where(
+        tasks.c.tenant_id == ops.c.tenant_id,
+        tasks.c.task_id == ops.c.task_id,
+        tasks.c.cancelled_at.isnot(None),
+    )
+
+
 def operation_claim_batch(
     conn: Connection, *, worker: str, limit: int, lease_seconds: float
 ) -> tuple[int, list[OperationRecord]]:
     """Claim up to ``limit`` eligible rows: ``pending -> claimed`` with a lease on the
     database clock and a fresh fencing token, and their ``outbox_events`` rows. PostgreSQL:
-    one statement (the events are written by a data-modifying CTE over the claimed rows),
-    ``FOR UPDATE SKIP LOCKED`` so replicas never wait on each other; SQLite: the caller's
-    ``BEGIN IMMEDIATE`` makes this the only writer. Returns ``(token, rows)``."""
+    one statement (:func:`dispatcher.pg_batch.claim`), ``FOR UPDATE SKIP LOCKED`` so
+    replicas never wait on each other; SQLite: the caller's ``BEGIN IMMEDIATE`` makes this
+    the only writer. Returns ``(token, rows)``."""
     if _pg(conn):
-        token_expr: Any = sa.select(sa.func.nextval(schema.FENCING_SEQUENCE)).scalar_subquery()
-        ids = _eligible(limit).with_for_update(skip_locked=True, of=ops)
-    else:
-        token_expr = next_fencing_token(conn)
-        ids = _eligible(limit)
-    claim = (
-        sa.update(ops)
-        .where(ops.c.id.in_(ids.scalar_subquery()))
-        .values(
-            status=S.CLAIMED.value,
-            fencing_token=token_expr,
-            lease_owner=worker,
-            lease_expires_at=db_now(lease_seconds),
-            state_revision=ops.c.state_revision + 1,
-            updated_at=db_now(),
+        rows = (
+            conn.execute(
+                pg_batch.claim(_pg_eligible()),
+                {"claim_limit": limit, "actor": worker, "lease": lease_seconds},
+            )
+            .mappings()
+            .all()
         )
-        .returning(*ops.c)
-    )
-    if _pg(conn):
-        claimed = claim.cte("claimed")
-        stmt: Any = sa.select(claimed).add_cte(
-            _events_of(claimed, "pending", sa.literal(S.CLAIMED.value), worker)
-        )
-        rows = conn.execute(stmt).mappings().all()
     else:
-        rows = conn.execute(claim).mappings().all()
+        rows = (
+            conn.execute(
+                sa.update(ops)
+                .where(ops.c.id.in_(_eligible(limit).scalar_subquery()))
+                .values(
+                    status=S.CLAIMED.value,
+                    fencing_token=next_fencing_token(conn),
+                    lease_owner=worker,
+                    lease_expires_at=db_now(lease_seconds),
+                    state_revision=ops.c.state_revision + 1,
+                    updated_at=db_now(),
+                )
+                .returning(*ops.c)
+            )
+            .mappings()
+            .all()
+        )
     records = sorted((OperationRecord.from_row(r) for r in rows), key=lambda r: r.id)
     if records and not _pg(conn):
         journal.transitions_from_rows(
@@ -129,53 +161,6 @@ def operation_claim_batch(
 
 def _pg(conn: Connection) -> bool:
     return conn.dialect.name == "postgresql"
-
-
-def _events_of(
-    moved: Any,
-    from_status: str,
-    to_status: Any,
-    actor: str,
-    *,
-    reason: Any = None,
-    detail: Any = None,
-    token: Any = None,
-) -> Any:
-    """An ``INSERT INTO outbox_events ... SELECT`` over the rows a data-modifying CTE moved
-    (PostgreSQL): the transition's events are written by the statement that made it."""
-    ev = schema.events
-    cols = ["tenant_id", "task_id", "operation_id", "kind", "from_status", "to_status"]
-    exprs = [
-        moved.c.tenant_id,
-        moved.c.task_id,
-        moved.c.operation_id,
-        sa.literal("transition"),
-        sa.literal(from_status),
-        to_status,
-    ]
-    cols += ["actor", "fencing_token"]
-    exprs += [sa.literal(actor), moved.c.fencing_token if token is None else sa.literal(token)]
-    if reason is not None:
-        cols.append("reason")
-        exprs.append(reason)
-    if detail is not None:
-        cols.append("detail")
-        exprs.append(detail)
-    return sa.insert(ev).from_select(cols, sa.select(*exprs)).cte(f"ev_{from_status}")
-
-
-def _rows_of(name: str, columns: Sequence[tuple[str, TypeEngine[Any], Sequence[Any]]]) -> Any:
-    """``WITH name AS (SELECT * FROM unnest(:a, :b, ...) AS name(a, b, ...))``: a batch's
-    per-row values as one array parameter per column (PostgreSQL), so the statement text
-    is the same whatever the batch size and no row crosses the wire as its own statement."""
-    arrays = [
-        sa.cast(sa.bindparam(f"{name}_{col}", list(values), type_=pg.ARRAY(sa.Text)), pg.ARRAY(t))
-        if isinstance(t, pg.JSONB)
-        else sa.bindparam(f"{name}_{col}", list(values), type_=pg.ARRAY(t))
-        for col, t, values in columns
-    ]
-    fn = sa.func.unnest(*arrays).table_valued(*[sa.column(c, t) for c, t, _ in columns])
-    return sa.select(fn.render_derived(name=f"{name}_in", with_types=False)).cte(name)
 
 
 def _fenced(token: int, pairs: Iterable[tuple[int, int]], status: OperationStatus) -> Any:
@@ -210,48 +195,20 @@ def operation_mark_dispatching(
     are returned absent: see :func:`refusal_reasons`)."""
     if not pairs:
         return []
-    task_deadline_passed = sa.exists().where(
-        tasks.c.tenant_id == ops.c.tenant_id,
-        tasks.c.task_id == ops.c.task_id,
-        tasks.c.deadline_at.isnot(None),
-        tasks.c.deadline_at <= db_now(),
-    )
-    task_cancelled = sa.exists().where(
-        tasks.c.tenant_id == ops.c.tenant_id,
-        tasks.c.task_id == ops.c.task_id,
-        tasks.c.cancelled_at.isnot(None),
-    )
     if _pg(conn):
-        v = _rows_of(
-            "marking",
-            [
-                ("id", sa.BigInteger(), [p[0] for p in pairs]),
-                ("rev", sa.BigInteger(), [p[1] for p in pairs]),
-            ],
-        )
-        fenced: Any = sa.and_(
-            ops.c.id == v.c.id,
-            ops.c.state_revision == v.c.rev,
-            ops.c.fencing_token == token,
-            ops.c.status == S.CLAIMED.value,
-        )
-    else:
-        fenced = _fenced(token, pairs, S.CLAIMED)
-    returned = (
-        ops.c.id,
-        ops.c.state_revision,
-        ops.c.attempts,
-        ops.c.first_dispatched_at,
-        ops.c.last_attempt_started_at,
-    )
-    mark = (
+        rows = conn.execute(
+            pg_batch.mark_dispatching(_may_dispatch()),
+            {
+                "marking": pg_batch.batch_json([{"id": i, "rev": r} for i, r in pairs]),
+                "token": token,
+                "lease": lease_seconds,
+                "actor": actor,
+            },
+        ).all()
+        return [Dispatching(r[0], r[1], r[2], r[3], r[4]) for r in rows]
+    rows = conn.execute(
         sa.update(ops)
-        .where(
-            fenced,
-            sa.or_(ops.c.deadline_at.is_(None), ops.c.deadline_at > db_now()),
-            ~task_deadline_passed,
-            ~task_cancelled,
-        )
+        .where(_fenced(token, pairs, S.CLAIMED), _may_dispatch())
         .values(
             status=S.DISPATCHING.value,
             attempts=ops.c.attempts + 1,
@@ -261,18 +218,17 @@ def operation_mark_dispatching(
             state_revision=ops.c.state_revision + 1,
             updated_at=db_now(),
         )
-    )
-    if _pg(conn):
-        marked = mark.returning(
-            *returned, ops.c.tenant_id, ops.c.task_id, ops.c.operation_id, ops.c.fencing_token
-        ).cte("marked")
-        events = _events_of(marked, "claimed", sa.literal(S.DISPATCHING.value), actor)
-        rows = conn.execute(sa.select(*(marked.c[c.name] for c in returned)).add_cte(events)).all()
-    else:
-        rows = conn.execute(mark.returning(*returned)).all()
-        journal.transitions_from_rows(
-            conn, [r[0] for r in rows], from_status="claimed", to_status="dispatching", actor=actor
+        .returning(
+            ops.c.id,
+            ops.c.state_revision,
+            ops.c.attempts,
+            ops.c.first_dispatched_at,
+            ops.c.last_attempt_started_at,
         )
+    ).all()
+    journal.transitions_from_rows(
+        conn, [r[0] for r in rows], from_status="claimed", to_status="dispatching", actor=actor
+    )
     return [Dispatching(r[0], r[1], r[2], r[3], r[4]) for r in rows]
 
 
@@ -378,30 +334,6 @@ class Recorded:
     attempt: Mapping[str, Any]
 
 
-FENCED = {"fenced": True}
-
-
-def _json(value: Any) -> str | None:
-    return None if value is None else json.dumps(value)
-
-
-_ATTEMPT_COLUMNS: tuple[tuple[str, TypeEngine[Any]], ...] = (
-    ("tenant_id", sa.Text()),
-    ("operation_id", sa.Text()),
-    ("attempt", sa.Integer()),
-    ("provider", sa.Text()),
-    ("started_at", sa.DateTime(timezone=True)),
-    ("finished_at", sa.DateTime(timezone=True)),
-    ("result_class", sa.Text()),
-    ("status_code", sa.Integer()),
-    ("error_class", sa.Text()),
-    ("transport_phase", sa.Text()),
-    ("request_digest", sa.Text()),
-    ("duration_ms", sa.Float()),
-    ("evidence", pg.JSONB()),
-)
-
-
 def operation_record_many(
     conn: Connection, *, token: int, items: Sequence[Recorded], actor: str
 ) -> set[int]:
@@ -435,100 +367,33 @@ def operation_record_many(
             [
                 r.attempt
                 if r.op.id in moved
-                else {**r.attempt, "evidence": {**(r.attempt["evidence"] or {}), **FENCED}}
+                else {**r.attempt, "evidence": {**(r.attempt["evidence"] or {}), **pg_batch.FENCED}}
                 for r in items
             ],
         )
         return moved
-    ts = [r.transition for r in items]
-    attempt_columns: list[tuple[str, TypeEngine[Any], Sequence[Any]]] = [
-        (f"a_{col}", t, [r.attempt[col] for r in items])
-        for col, t in _ATTEMPT_COLUMNS
-        if col != "evidence"
+    rows = [
+        {
+            "id": t.id,
+            "rev": t.state_revision,
+            "status": t.status.value,
+            "reason": t.status_reason,
+            "receipt": t.receipt,
+            "outcome": t.last_outcome,
+            "delay": t.delay_seconds,
+            "digest": t.payload_digest,
+            "detail": r.detail,
+            **{f"a_{c}": r.attempt[c] for c, _ in pg_batch.ATTEMPT_COLUMNS},
+        }
+        for r in items
+        for t in (r.transition,)
     ]
-    attempt_columns.append(
-        ("a_evidence", pg.JSONB(), [_json(r.attempt["evidence"]) for r in items])
+    with_digest = any(r.transition.payload_digest is not None for r in items)
+    result = conn.execute(
+        pg_batch.record(with_digest),
+        {"rec": pg_batch.batch_json(rows), "token": token, "actor": actor},
     )
-    columns: list[tuple[str, TypeEngine[Any], Sequence[Any]]] = [
-        ("id", sa.BigInteger(), [t.id for t in ts]),
-        ("rev", sa.BigInteger(), [t.state_revision for t in ts]),
-        ("status", sa.Text(), [t.status.value for t in ts]),
-        ("reason", sa.Text(), [t.status_reason for t in ts]),
-        ("receipt", pg.JSONB(), [_json(t.receipt) for t in ts]),
-        ("outcome", sa.Text(), [t.last_outcome for t in ts]),
-        ("delay", sa.Float(), [t.delay_seconds for t in ts]),
-        ("digest", sa.Text(), [t.payload_digest for t in ts]),
-        ("detail", pg.JSONB(), [_json(r.detail) for r in items]),
-        *attempt_columns,
-    ]
-    rec = _rows_of("rec", columns)
-    values: dict[str, Any] = {
-        "status": rec.c.status,
-        "status_reason": rec.c.reason,
-        "receipt": sa.func.coalesce(rec.c.receipt, ops.c.receipt),
-        "last_outcome": sa.func.coalesce(rec.c.outcome, ops.c.last_outcome),
-        "next_attempt_at": sa.case(
-            (rec.c.delay.is_(None), None), else_=db_now(sa.cast(rec.c.delay, sa.Float))
-        ),
-        # the lease ends with the transition, except while a send is still in flight
-        "lease_owner": sa.case((rec.c.status == S.DISPATCHING.value, ops.c.lease_owner)),
-        "lease_expires_at": sa.case((rec.c.status == S.DISPATCHING.value, ops.c.lease_expires_at)),
-        "state_revision": ops.c.state_revision + 1,
-        "updated_at": db_now(),
-    }
-    if any(t.payload_digest is not None for t in ts):  # see operation_transition_many
-        values["payload_digest"] = sa.func.coalesce(ops.c.payload_digest, rec.c.digest)
-    moved_cte = (
-        sa.update(ops)
-        .where(
-            ops.c.id == rec.c.id,
-            ops.c.state_revision == rec.c.rev,
-            ops.c.fencing_token == token,
-            ops.c.status == S.DISPATCHING.value,
-        )
-        .values(**values)
-        .returning(
-            ops.c.id,
-            ops.c.tenant_id,
-            ops.c.task_id,
-            ops.c.operation_id,
-            rec.c.status,
-            rec.c.reason,
-            rec.c.detail,
-        )
-        .cte("moved")
-    )
-    events = _events_of(
-        moved_cte,
-        S.DISPATCHING.value,
-        moved_cte.c.status,
-        actor,
-        reason=moved_cte.c.reason,
-        detail=moved_cte.c.detail,
-        token=token,
-    )
-    evidence = sa.case(
-        (rec.c.id.in_(sa.select(moved_cte.c.id)), rec.c.a_evidence),
-        else_=sa.func.coalesce(rec.c.a_evidence, sa.literal_column("'{}'::jsonb")).op("||")(
-            sa.literal_column(f"'{json.dumps(FENCED)}'::jsonb")
-        ),
-    )
-    att = schema.attempts
-    attempts = (
-        sa.insert(att)
-        .from_select(
-            [c for c, _ in _ATTEMPT_COLUMNS] + ["fencing_token", "worker"],
-            sa.select(
-                *(rec.c[f"a_{c}"] for c, _ in _ATTEMPT_COLUMNS[:-1]),
-                evidence,
-                sa.literal(token, sa.BigInteger()),
-                sa.literal(actor),
-            ),
-        )
-        .cte("att")
-    )
-    stmt = sa.select(moved_cte.c.id).add_cte(events).add_cte(attempts)
-    return set(conn.execute(stmt).scalars())
+    return set(result.scalars())
 
 
 def lease_extend(

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from outbox import artifacts as _artifacts
-from outbox.digest import canonical_json, payload_digest
+from outbox.digest import canonical_json, digest_of_canonical
 from outbox.errors import SecretInPayload
 from outbox.records import OperationRecord
 from outbox.secrets import find_secrets
@@ -67,9 +67,10 @@ def admit(
     if not isinstance(payload, dict):
         return Admission(False, PAYLOAD_NOT_OBJECT, f"payload is a {type(payload).__name__}")
     try:
-        size = len(canonical_json(payload))
+        canonical = canonical_json(payload)
     except Exception as exc:  # non-finite numbers, odd values from a foreign writer
         return Admission(False, PAYLOAD_INVALID, type(exc).__name__)
+    size = len(canonical)
     if size > max_payload_bytes and not from_artifact:
         return Admission(False, PAYLOAD_TOO_LARGE, f"{size} > {max_payload_bytes} bytes")
     try:
@@ -79,7 +80,7 @@ def admit(
     if findings:
         f = findings[0]
         return Admission(False, CREDENTIAL_IN_PAYLOAD, f"{f.path} ({f.detector})")
-    digest = payload_digest(payload)
+    digest = digest_of_canonical(canonical)
     if op.payload_digest is not None and op.payload_digest != digest:
         return Admission(False, DIGEST_MISMATCH, "stored digest differs from the payload's")
     schema = op.payload_schema if op.payload_schema is not None else 1

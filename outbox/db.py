@@ -35,9 +35,15 @@ def create_engine(
     schema: str | None = None,
     pool_size: int = 5,
     connect_timeout: float = 5.0,
+    pre_ping: bool = True,
     **kwargs: Any,
 ) -> Engine:
-    """An engine configured for the outbox on SQLite or PostgreSQL."""
+    """An engine configured for the outbox on SQLite or PostgreSQL.
+
+    ``pre_ping`` tests each pooled connection with a round trip before use. The daemon
+    turns it off: it treats any database error as an outage (back off, retry; a
+    disconnect invalidates the whole pool), so the extra round trip per transaction buys
+    it nothing."""
     url = normalise_url(url)
     if url.startswith("sqlite"):
         engine = sa.create_engine(
@@ -51,7 +57,7 @@ def create_engine(
         url,
         pool_size=pool_size,
         max_overflow=pool_size,
-        pool_pre_ping=True,
+        pool_pre_ping=pre_ping,
         connect_args={"connect_timeout": max(1, int(connect_timeout))},
         **kwargs,
     )

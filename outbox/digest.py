@@ -23,7 +23,12 @@ def canonical_json(payload: Any) -> bytes:
 
 def payload_digest(payload: Any) -> str:
     """``sha256:<hex>`` of the canonical JSON of ``payload``."""
-    return DIGEST_PREFIX + hashlib.sha256(canonical_json(payload)).hexdigest()
+    return digest_of_canonical(canonical_json(payload))
+
+
+def digest_of_canonical(canonical: bytes) -> str:
+    """``sha256:<hex>`` of bytes already in canonical form (:func:`canonical_json`)."""
+    return DIGEST_PREFIX + hashlib.sha256(canonical).hexdigest()
 
 
 def default_idempotency_key(tenant_id: str, operation_id: str) -> str:

@@ -9,9 +9,13 @@ from typing import Any, Self
 
 from outbox.states import OperationStatus
 
+_FIELD_NAMES: dict[type[Any], frozenset[str]] = {}
+
 
 def _from_mapping(cls: type[Any], row: Mapping[Any, Any]) -> dict[str, Any]:
-    names = {f.name for f in fields(cls)}
+    names = _FIELD_NAMES.get(cls)
+    if names is None:
+        names = _FIELD_NAMES[cls] = frozenset(f.name for f in fields(cls))
     return {k: v for k, v in row.items() if k in names}
 
 
