@@ -31,7 +31,8 @@ CREATE TABLE IF NOT EXISTS sim_keys (
 );
 CREATE TABLE IF NOT EXISTS sim_effects (
     seq INTEGER PRIMARY KEY AUTOINCREMENT, effect_id TEXT NOT NULL, key TEXT,
-    body_sha256 TEXT NOT NULL, receipt TEXT NOT NULL, applied_at REAL NOT NULL
+    body_sha256 TEXT NOT NULL, receipt TEXT NOT NULL, applied_at REAL NOT NULL,
+    fencing_token INTEGER
 );
 CREATE INDEX IF NOT EXISTS sim_effects_key ON sim_effects (key, seq);
 CREATE TABLE IF NOT EXISTS sim_fences (key TEXT PRIMARY KEY, highest INTEGER NOT NULL);
@@ -55,7 +56,13 @@ class Ledger:
         self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
         with self._lock:
             self._db.execute("PRAGMA journal_mode=WAL" if path != ":memory:" else "SELECT 1")
+            # WAL + NORMAL: a commit survives the sim's own crash (SIGKILL), not the host's;
+            # no fsync per effect, so the receiver is not the bottleneck of a chaos run
+            self._db.execute("PRAGMA synchronous=NORMAL")
             self._db.executescript(SCHEMA)
+            columns = {r[1] for r in self._db.execute("PRAGMA table_info(sim_effects)")}
+            if "fencing_token" not in columns:  # a ledger file written by an older sim
+                self._db.execute("ALTER TABLE sim_effects ADD COLUMN fencing_token INTEGER")
             self._db.execute("DELETE FROM sim_keys WHERE state = 'in_flight'")
 
     def close(self) -> None:
@@ -99,8 +106,11 @@ class Ledger:
         with self._lock:
             self._db.execute("DELETE FROM sim_keys WHERE key = ? AND state = 'in_flight'", (key,))
 
-    def apply(self, key: str | None, body_sha256: str, *, track_key: bool) -> dict[str, Any]:
-        """Create one effect; when ``track_key``, save it as the key's response (201)."""
+    def apply(self, key: str | None, body_sha256: str, *, track_key: bool,
+              fencing_token: int | None = None) -> dict[str, Any]:
+        """Create one effect; when ``track_key``, save it as the key's response (201).
+        ``fencing_token``: the request's ``Outbox-Fencing-Token``, kept with the effect so a
+        checker can tell which dispatch of an operation created it."""
         now = time.time()
         effect_id = f"eff_{uuid.uuid4().hex[:20]}"
         receipt = {"effect_id": effect_id, "idempotency_key": key, "applied_at": now}
@@ -109,9 +119,9 @@ class Ledger:
             self._db.execute("BEGIN IMMEDIATE")
             try:
                 self._db.execute(
-                    "INSERT INTO sim_effects (effect_id, key, body_sha256, receipt, applied_at)"
-                    " VALUES (?, ?, ?, ?, ?)",
-                    (effect_id, key, body_sha256, text, now),
+                    "INSERT INTO sim_effects (effect_id, key, body_sha256, receipt, applied_at,"
+                    " fencing_token) VALUES (?, ?, ?, ?, ?, ?)",
+                    (effect_id, key, body_sha256, text, now, fencing_token),
                 )
                 if track_key and key is not None:
                     self._db.execute(
@@ -149,6 +159,14 @@ class Ledger:
                 (key, time.time() - lag_seconds),
             ).fetchone()
         return None if row is None else dict(json.loads(row[0]))
+
+    def effects(self) -> list[dict[str, Any]]:
+        """Every applied effect in order: key, fencing token (or None), applied_at."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT key, fencing_token, applied_at FROM sim_effects ORDER BY seq"
+            ).fetchall()
+        return [{"key": k, "fencing_token": t, "applied_at": a} for k, t, a in rows]
 
     def count(self, name: str, amount: int = 1) -> None:
         with self._lock:

@@ -12,6 +12,7 @@ Endpoints:
   New effect → 201 ``{"effect_id", "idempotency_key", "applied_at"}``.
 * ``GET /effects/by-key/{key}`` — 200 with the latest effect's receipt, 404 if none (or
   none older than the lookup lag).
+* ``GET /_effects`` — every applied effect in order (key, fencing token, applied_at).
 * ``GET /_stats``, ``GET|POST /_control`` (JSON settings), ``POST /_prune``
   (``{"all": true}`` forgets every completed key; otherwise keys past retention).
 
@@ -118,6 +119,8 @@ class SimHandler(BaseHTTPRequestHandler):
         path = self.path.split("?", 1)[0]
         if path == "/_stats":
             self._send_json(200, self.server.ledger.stats())
+        elif path == "/_effects":
+            self._send_json(200, {"effects": self.server.ledger.effects()})
         elif path == "/_control":
             self._send_json(200, self.server.current().as_dict())
         elif not path.startswith("/_") and BY_KEY in path:
@@ -213,7 +216,8 @@ class SimHandler(BaseHTTPRequestHandler):
             if decision.slow:
                 self._fault(decision, "slow")
                 time.sleep(settings.slow_seconds)
-            receipt = ledger.apply(key, digest, track_key=track)
+            receipt = ledger.apply(key, digest, track_key=track,
+                                   fencing_token=self._fencing_token())
         except BaseException:
             if track and key is not None:
                 ledger.abandon(key)
@@ -227,6 +231,12 @@ class SimHandler(BaseHTTPRequestHandler):
             self._send_json(500, {"error": "internal error (after applying)"})
             return
         self._send_json(201, receipt)
+
+    def _fencing_token(self) -> int | None:
+        try:
+            return int(self.headers.get("Outbox-Fencing-Token", ""))
+        except ValueError:
+            return None
 
     def _fence_ok(self, key: str) -> bool:
         try:

@@ -139,6 +139,11 @@ class SimProcess:
         result: dict[str, Any] = self._call("GET", "/_stats")
         return result
 
+    def effects(self) -> list[dict[str, Any]]:
+        """Every applied effect in order: ``key``, ``fencing_token``, ``applied_at``."""
+        result: list[dict[str, Any]] = self._call("GET", "/_effects")["effects"]
+        return result
+
     def control(self, **settings: Any) -> dict[str, Any]:
         """Change fault settings at run time (names as the flags: ``p_drop_after_apply``)."""
         result: dict[str, Any] = self._call("POST", "/_control", settings)
