@@ -10,8 +10,17 @@ action, so it survives the SIGKILL it announces): a chaos checker counts each po
 firings from it. Read once at import; when the variable is unset :func:`hit` is a
 dictionary miss and nothing else.
 
+``OUTBOXD_FAILPOINT_CONTROL=FILE`` lets a test harness re-arm a running process: on each
+hit the file is ``stat``-ed and, when it changed, its content (the same ``name=action``
+syntax) is armed on top of ``OUTBOXD_FAILPOINTS`` (a point named in both takes the file's
+action) and the hit counts of the points it names restart (so ``stop@1`` written there
+fires on the next pass). Write it atomically (rename); a missing file arms nothing more.
+
 Points: ``after_claim_commit``, ``after_dispatching_commit``, ``after_send`` (the
-request was written and answered, nothing recorded yet), ``before_receipt_commit``,
+request was written and answered, nothing recorded yet), ``before_receipt_commit`` (the
+outcomes are decided but not durable: on SQLite the writes are made and not committed;
+on PostgreSQL, where the record is one self-committing statement, it has not run — the
+durable state is the same),
 ``in_reconcile`` (after the look-up, before its result is written).
 """
 
@@ -44,9 +53,35 @@ def _parse(spec: str) -> dict[str, tuple[str, int | None, float | None]]:
     return points
 
 
-_POINTS = _parse(os.environ.get("OUTBOXD_FAILPOINTS", ""))
+_ENV_POINTS = _parse(os.environ.get("OUTBOXD_FAILPOINTS", ""))
+_POINTS = dict(_ENV_POINTS)
 _RNG = random.Random(os.environ.get("OUTBOXD_FAILPOINT_SEED") or None)
 _LOG = os.environ.get("OUTBOXD_FAILPOINT_LOG")
+_CONTROL = os.environ.get("OUTBOXD_FAILPOINT_CONTROL")
+_control_seen: tuple[int, int] | None = None
+
+
+def _reload_control() -> None:
+    """Re-read the control file if it changed (caller holds ``_lock``)."""
+    global _POINTS, _control_seen
+    assert _CONTROL is not None
+    try:
+        st = os.stat(_CONTROL)
+        seen = (st.st_mtime_ns, st.st_size)
+    except OSError:
+        seen = (0, 0)
+    if seen == _control_seen:
+        return
+    _control_seen = seen
+    try:
+        with open(_CONTROL, encoding="utf-8") as fh:
+            spec = fh.read()
+    except OSError:
+        spec = ""
+    extra = _parse(spec)
+    _POINTS = {**_ENV_POINTS, **extra}
+    for name in extra:
+        _hits.pop(name, None)
 
 
 def _record(name: str, action: str) -> None:
@@ -61,10 +96,15 @@ def _record(name: str, action: str) -> None:
 
 def hit(name: str) -> None:
     """Fire the failpoint ``name`` if one is configured."""
+    if _CONTROL is not None:
+        with _lock:
+            _reload_control()
     if not _POINTS or name not in _POINTS:
         return
-    action, nth, probability = _POINTS[name]
     with _lock:
+        action, nth, probability = _POINTS.get(name, ("", None, None))
+        if not action:
+            return
         _hits[name] = count = _hits.get(name, 0) + 1
         draw = _RNG.random() if probability is not None else 0.0
     if nth is not None and count != nth:
