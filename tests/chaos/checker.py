@@ -21,8 +21,16 @@ Jepsen's total-queue checker, adapted to an outbox. After the final drain:
 * **attempts over budget** — ``attempts`` above the operation's budget.
 * **sends after cancellation** — attempts that started (database clock) after the agent
   had its cancellation's commit acknowledged.
-* **failpoint hits** — from ``OUTBOXD_FAILPOINT_LOG``: a fault that never fired proves
-  nothing.
+* **sends without a valid approval** — for an operation that requires approval, every
+  effect at the receiver carries the fencing token of the dispatch that made it; the
+  ``dispatching`` event of that token must come after an ``approval`` event of the
+  operation with no ``revocation`` event in between. Events are ordered by id: on
+  PostgreSQL the dispatch locks the approval rows (``FOR UPDATE``) before it writes its
+  event and a revocation writes its event after its ``UPDATE`` got those locks, so id
+  order is the order in which the two took effect; SQLite has one writer at a time. An
+  effect with no ``dispatching`` event for its token counts too.
+* **failpoint hits** — from ``OUTBOXD_FAILPOINT_LOG``, per point and action (``kill`` or
+  ``stop``): a fault that never fired proves nothing.
 """
 
 from __future__ import annotations
@@ -49,6 +57,7 @@ class Report:
     violations: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     failpoint_hits: dict[str, int] = field(default_factory=dict)
+    failpoint_actions: dict[str, dict[str, int]] = field(default_factory=dict)
     seed: int = 0
     command: str = ""
     workdir: str = ""
@@ -68,7 +77,8 @@ class Report:
     def as_dict(self) -> dict[str, Any]:
         return {"seed": self.seed, "command": self.command, "workdir": self.workdir,
                 "ok": self.ok, "violations": self.violations, "errors": self.errors,
-                "failpoint_hits": self.failpoint_hits, "figures": self.figures}
+                "failpoint_hits": self.failpoint_hits,
+                "failpoint_actions": self.failpoint_actions, "figures": self.figures}
 
     def summary(self) -> str:
         head = "PASS" if self.ok else "FAIL"
@@ -79,11 +89,14 @@ class Report:
                 "ever_unknown", "unknown_resolved_by_lookup", "unknown_resolved_pct",
                 "unresolved_with_evidence", "unresolved_without_evidence",
                 "stale_token_sends", "fencing_rejections_at_receiver", "attempts_over_budget",
-                "sends_after_cancel", "cancelled_with_effect", "kills_and_pauses",
+                "sends_after_cancel", "cancelled_with_effect", "approval_required",
+                "revocations", "blocked_after_revocation", "sends_without_valid_approval",
+                "kills_and_pauses",
                 "rto_p50_seconds", "rto_p99_seconds", "max_lost_work", "drain_seconds",
                 "run_seconds")
         lines.append("  ".join(f"{k}={f.get(k)}" for k in keys if k in f))
-        lines.append(f"failpoints fired: {self.failpoint_hits}")
+        lines.append(f"failpoints fired: {self.failpoint_hits}  by action:"
+                     f" {self.failpoint_actions}")
         lines.append(f"nemesis: {f.get('nemesis')}")
         lines.append(f"receiver faults: {f.get('receiver_faults')}  proxy: {f.get('proxy')}")
         lines.append(f"final statuses: {f.get('statuses')}  blocked: {f.get('blocked_reasons')}")
@@ -109,22 +122,70 @@ def _json(value: Any) -> Any:
     return value
 
 
-def failpoint_hits(path: Path) -> dict[str, int]:
-    hits: Counter[str] = Counter()
+def failpoint_log(path: Path) -> dict[tuple[str, str], int]:
+    """Firings per (point, action) in an ``OUTBOXD_FAILPOINT_LOG`` file."""
+    hits: Counter[tuple[str, str]] = Counter()
     if path.exists():
         for line in path.read_text().splitlines():
-            if line.strip():
-                hits[line.split()[0]] += 1
+            parts = line.split()
+            if len(parts) >= 2:
+                hits[(parts[0], parts[1])] += 1
     return dict(hits)
 
 
+def failpoint_hits(path: Path) -> dict[str, int]:
+    """Firings per point, whatever the action."""
+    hits: Counter[str] = Counter()
+    for (name, _), n in failpoint_log(path).items():
+        hits[name] += n
+    return dict(hits)
+
+
+def _unauthorised_sends(conn: Any, ops: list[Any], effects: list[dict[str, Any]]) -> list[str]:
+    """Effects of approval-requiring operations whose dispatch had no valid approval."""
+    needs = {r.idempotency_key: r.operation_id for r in ops if r.requires_approval}
+    if not needs:
+        return []
+    rows = conn.execute(sa.text(
+        "SELECT e.id, e.operation_id, e.kind, e.to_status, e.fencing_token"
+        " FROM outbox_events e JOIN outbox_operations o ON o.tenant_id = e.tenant_id"
+        " AND o.operation_id = e.operation_id WHERE o.requires_approval"
+        " AND (e.kind IN ('approval', 'revocation')"
+        " OR (e.kind = 'transition' AND e.to_status = 'dispatching')) ORDER BY e.id")).all()
+    grants: dict[str, list[tuple[int, bool]]] = defaultdict(list)  # op -> (id, in force)
+    dispatched: dict[tuple[str, int], int] = {}  # (op, token) -> event id
+    for ev_id, op_id, kind, _to, token in rows:
+        if kind in ("approval", "revocation"):
+            grants[op_id].append((ev_id, kind == "approval"))
+        elif token is not None:
+            dispatched.setdefault((op_id, int(token)), ev_id)
+    bad: list[str] = []
+    for e in effects:
+        op_id = needs.get(e["key"])
+        if op_id is None:
+            continue
+        token = e.get("fencing_token")
+        ev_id = dispatched.get((op_id, int(token))) if token is not None else None
+        if ev_id is None:
+            bad.append(f"{op_id}: effect under token {token} with no dispatching event")
+            continue
+        before = [granted for gid, granted in grants.get(op_id, []) if gid < ev_id]
+        if not before or not before[-1]:
+            bad.append(f"{op_id}: token {token} dispatched with no approval in force"
+                       f" ({'revoked' if before else 'never approved'})")
+    return bad
+
+
 def check(engine: Engine, stats: dict[str, Any], agent: Any, fp_log: Path, *,
-          budget: int, control: bool = False) -> Report:
+          budget: int, control: bool = False,
+          effect_log: list[dict[str, Any]] | None = None) -> Report:
+    """Count what the run did. ``effect_log``: the receiver's effects in order with their
+    fencing tokens (``GET /_effects``), for the approval check."""
     report = Report()
     with engine.connect() as conn:
         ops = conn.execute(sa.text(
             "SELECT operation_id, task_id, idempotency_key, status, status_reason, attempts,"
-            " max_attempts FROM outbox_operations")).all()
+            " max_attempts, requires_approval FROM outbox_operations")).all()
         attempts = conn.execute(sa.text(
             "SELECT operation_id, fencing_token, started_at, status_code, result_class,"
             " evidence FROM outbox_attempts ORDER BY id")).all()
@@ -137,6 +198,7 @@ def check(engine: Engine, stats: dict[str, Any], agent: Any, fp_log: Path, *,
         task_cancel = dict(conn.execute(sa.text(
             "SELECT task_id, cancelled_at FROM outbox_tasks WHERE cancelled_at IS NOT NULL"
         )).all())
+        unauthorised = _unauthorised_sends(conn, list(ops), effect_log or [])
     effects: dict[str, int] = {str(k): int(v) for k, v in stats["effects_per_key"].items()}
     by_op = {r.operation_id: r for r in ops}
     keys = {r.idempotency_key: r.operation_id for r in ops}
@@ -210,6 +272,9 @@ def check(engine: Engine, stats: dict[str, Any], agent: Any, fp_log: Path, *,
                              if r.status == "cancelled" and effects.get(r.idempotency_key, 0)]
 
     report.failpoint_hits = failpoint_hits(fp_log)
+    for (name, action), n in sorted(failpoint_log(fp_log).items()):
+        report.failpoint_actions.setdefault(name, {})[action] = n
+    needing = [r for r in ops if r.requires_approval]
     f = report.figures
     f.update({
         "operations": len(ops),
@@ -237,6 +302,13 @@ def check(engine: Engine, stats: dict[str, Any], agent: Any, fp_log: Path, *,
         "sends_after_cancel": len(after_cancel),
         "tasks_cancelled": len(task_cancel),
         "cancelled_with_effect": len(cancelled_with_effect),
+        "approval_required": len(needing),
+        "approval_required_applied": sum(1 for r in needing if r.status in APPLIED),
+        "revocations": sum(1 for _, n in getattr(agent, "revoked", []) if n),
+        "reapprovals": len(getattr(agent, "reapproved", [])),
+        "blocked_after_revocation": sum(1 for r in needing if r.status == "blocked"
+                                        and r.status_reason == "approval_revoked"),
+        "sends_without_valid_approval": len(unauthorised) if effect_log is not None else None,
         "receiver_requests": stats.get("requests"),
         "receiver_replays": stats.get("replays"),
         "receiver_in_flight_conflicts": stats.get("in_flight_conflicts"),
@@ -247,7 +319,8 @@ def check(engine: Engine, stats: dict[str, Any], agent: Any, fp_log: Path, *,
                      "unexpected": list(unexpected.items())[:5], "stale": stale[:5],
                      "without_evidence": without_evidence[:5], "over_budget": over_budget[:5],
                      "after_cancel": after_cancel[:5],
-                     "cancelled_with_effect": cancelled_with_effect[:5]},
+                     "cancelled_with_effect": cancelled_with_effect[:5],
+                     "unauthorised": unauthorised[:5]},
     })
     report.require(len(lost) == 0, f"lost={len(lost)} e.g. {lost[:3]}")
     report.require(not unexpected, f"unexpected effects: {list(unexpected.items())[:3]}")
@@ -256,6 +329,7 @@ def check(engine: Engine, stats: dict[str, Any], agent: Any, fp_log: Path, *,
     report.require(not stale, f"stale-token sends: {stale[:3]}")
     report.require(not over_budget, f"attempts over budget: {over_budget[:3]}")
     report.require(not after_cancel, f"sends after cancellation: {after_cancel[:3]}")
+    report.require(not unauthorised, f"sends without a valid approval: {unauthorised[:3]}")
     if control:
         # the control run: the receiver ignores keys, so duplicates must be *seen*
         report.require(dup_count > 0, "control run: the checker saw no duplicates")
