@@ -9,14 +9,25 @@ One run (:func:`run`) starts
 * 2-3 ``outboxd run`` replicas (on PostgreSQL one of them under ``faketime +10m`` when
   libfaketime is installed), with probabilistic failpoint kills at every protocol step;
 * an agent loop (a thread of the runner) that commits tasks with their operations through
-  ``outbox.api.advance`` and logs each commit as ok / fail / info, Jepsen style;
+  ``outbox.api.advance`` and logs each commit as ok / fail / info, Jepsen style; every
+  ``approval_every``-th task's operations require approval, which the agent gives in the
+  same transaction;
 
 then applies the seeded schedule — SIGKILL and restart of a replica, SIGSTOP/SIGCONT past
-the lease, PostgreSQL immediate shutdown and restart, ``pg_terminate_backend`` of the
-dispatchers' connections, proxy delay / blackhole / reset / COMMIT-reply drop, sim fault
-bursts (apply-then-drop, 5xx before and after, 429, slow), receiver key pruning (keys past
-the declared retention), task cancellations — stops the faults, drains, and hands
-everything to :func:`tests.chaos.checker.check`.
+the lease (kills and pauses at an even cadence, rotating over the replicas), PostgreSQL
+immediate shutdown and restart, ``pg_terminate_backend`` of the dispatchers' connections,
+proxy delay / blackhole / reset / COMMIT-reply drop, sim fault bursts (apply-then-drop, 5xx
+before and after, 429, slow), receiver key pruning (keys past the declared retention), task
+cancellations, approval revocations (some re-approved later) — stops the faults, drains,
+and hands everything to :func:`tests.chaos.checker.check`.
+
+Failpoints: each (re)start of a replica arms the point killed least so far with
+``kill%P``. A share of the scheduled pauses is delivered *at* a failpoint: the runner
+writes ``name=stop@1`` to the replica's ``OUTBOXD_FAILPOINT_CONTROL`` file (the point hit
+least so far), the replica SIGSTOPs itself on its next pass there, the runner sees the
+firing in the failpoint log and sends SIGCONT once the lease has passed, so the replica
+resumes at that exact step behind a stale token. Kills and stops both count as hits of
+their point.
 
 The *schedule* and the receiver's fault dice are functions of the seed; the interleaving
 of real processes is not. A failing run prints its seed and the command that replays the
@@ -27,6 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import queue
 import random
 import shutil
 import signal
@@ -44,9 +56,9 @@ import psycopg
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from outbox import db, errors, migrate
+from outbox import approvals, db, errors, migrate
 from outbox.api import StagedOperation, advance, cancel_task
-from tests.chaos.checker import Report, check, failpoint_hits, rto_figures
+from tests.chaos.checker import Report, check, failpoint_hits, failpoint_log, rto_figures
 from tests.chaos.proxy import FaultProxy
 from tests.support.daemon import REPO_ROOT, DaemonProcess, http_provider, write_config
 from tests.support.sim import SimProcess
@@ -67,24 +79,30 @@ class ChaosConfig:
     replicas: int = 3
     fault_seconds: float = 60.0
     ops_per_commit: int = 10
-    lease_seconds: float = 2.0
+    lease_seconds: float = 1.0
     kills: int = 40
     pauses: int = 70
+    pause_extra: tuple[float, float] = (0.1, 0.3)  # a pause lasts lease + U(extra)
     db_restarts: int = 2
     pg_terminates: int = 6
     proxy_faults: int = 12
     sim_bursts: int = 8
     prunes: int = 10
     cancels: int = 10
+    revocations: int = 10
+    approval_every: int = 4  # every n-th task's operations require approval (0: none)
     failpoint_p: dict[str, float] = field(default_factory=lambda: {
         "after_claim_commit": 0.3, "after_dispatching_commit": 0.3, "after_send": 0.3,
         "before_receipt_commit": 0.3, "in_reconcile": 0.3})
-    failpoint_target: int | None = 6  # a point is disarmed (for new starts) once it fired so often
+    # per point: armed with kill%P at (re)starts until it killed so often (None: no limit)
+    failpoint_kill_target: int | None = 3
+    failpoint_pause_share: float = 0.5  # of the pauses, delivered at a failpoint
     retention_seconds: float = 20.0  # sim key retention == the provider's declared window
     # the dispatcher's dedup_safety_margin: it must exceed the longest pause between the
     # window check (at the dispatching commit) and the request's arrival (SIGSTOPs here
     # last up to 2.6 s, plus scheduling on a loaded host); see docs/reliability.md
     dedup_safety_margin: float = 0.5
+    min_failpoint_hits: int = 0  # per point, checked before the work directory may go
     control: bool = False  # the sim ignores keys while the provider claims a window
     faketime: bool = True
     drain_timeout: float = 120.0
@@ -95,7 +113,8 @@ class ChaosConfig:
     def command(self) -> str:
         flags = (f"--seed {self.seed} --dialect {self.dialect} --operations {self.operations}"
                  f" --fault-seconds {self.fault_seconds:g} --kills {self.kills}"
-                 f" --pauses {self.pauses} --db-restarts {self.db_restarts}")
+                 f" --pauses {self.pauses} --db-restarts {self.db_restarts}"
+                 f" --lease-seconds {self.lease_seconds:g} --revocations {self.revocations}")
         return f"python -m tests.chaos.soak {flags}" + (" --control" if self.control else "")
 
 
@@ -118,11 +137,27 @@ def schedule(cfg: ChaosConfig) -> list[Event]:
         for _ in range(n):
             events.append(Event(rng.uniform(lo * d, 0.97 * d), kind, make()))
 
-    spread(cfg.kills, "kill", lambda: (rng.randrange(cfg.replicas), rng.uniform(0.1, 0.5)))
-    spread(cfg.pauses, "pause", lambda: (rng.randrange(cfg.replicas),
-                                         cfg.lease_seconds + rng.uniform(0.2, 0.6)))
+    # kills and pauses at an even cadence (jittered), rotating over the replica slots:
+    # random offsets would bunch them, leaving every replica down at once for a while
+    hits = ["kill"] * cfg.kills + ["pause"] * cfg.pauses
+    rng.shuffle(hits)
+    lo, hi = 0.03 * d, 0.97 * d
+    step = (hi - lo) / max(1, len(hits))
+    for i, kind in enumerate(hits):
+        at = lo + step * (i + rng.uniform(0.1, 0.9))
+        slot = i % cfg.replicas
+        if kind == "kill":
+            events.append(Event(at, "kill", (slot, rng.uniform(0.1, 0.3))))
+        elif rng.random() < cfg.failpoint_pause_share:
+            events.append(Event(at, "fp_pause", (slot, None)))
+        else:
+            events.append(Event(at, "pause", (slot, cfg.lease_seconds
+                                               + rng.uniform(*cfg.pause_extra))))
     spread(cfg.prunes, "prune", lambda: None)
     spread(cfg.cancels, "cancel", rng.random)
+    if cfg.approval_every:
+        # revoke the approvals of one approval-requiring task; re-approve half of them later
+        spread(cfg.revocations, "revoke", lambda: (rng.random(), rng.random() < 0.5))
     spread(cfg.sim_bursts, "sim", lambda: (
         rng.choice(["p_drop_after_apply", "p_5xx_before", "p_5xx_after", "p_429", "p_503",
                     "p_slow"]), rng.uniform(0.1, 0.3), rng.uniform(1.0, 3.0)))
@@ -153,18 +188,27 @@ class Replica:
         self.dead_since: float | None = None
         self.restart_at: float | None = None
         self._ready = False
-        self.armed: str | None = None
+        self.armed: dict[str, str] = {}  # failpoint -> "kill" / "stop" for this generation
+        self.fp_stopped = False  # stopped by a ``stop`` failpoint (until paused_until)
+        self.control = workdir / f"failpoint-control-{index}"
+        self.fp_pending: tuple[str, float] | None = None  # armed stop@1: point, deadline
 
     @property
     def worker_id(self) -> str:
         return f"r{self.index}g{self.generation}"
 
     def start(self, *, failpoints: str | None, seed: int) -> None:
-        self.armed = (failpoints or "").split("=")[0] or None
+        self.armed = {}
+        for part in filter(None, (failpoints or "").split(",")):
+            name, _, action = part.partition("=")
+            self.armed[name] = "stop" if action.startswith("stop") else "kill"
+        self.fp_stopped = False
+        self.arm_stop(None)
         self._close_log()
         self.generation += 1
         env = {**self.base_env, "OUTBOXD_DISPATCHER_WORKER_ID": self.worker_id,
-               "OUTBOXD_FAILPOINT_SEED": f"{seed}:{self.index}:{self.generation}"}
+               "OUTBOXD_FAILPOINT_SEED": f"{seed}:{self.index}:{self.generation}",
+               "OUTBOXD_FAILPOINT_CONTROL": str(self.control)}
         if failpoints:
             env["OUTBOXD_FAILPOINTS"] = failpoints
         self.proc = DaemonProcess(self.config, env=env)
@@ -188,6 +232,7 @@ class Replica:
             self.proc.signal(signal.SIGKILL)
             self.proc.process.wait(timeout=10)  # type: ignore[union-attr]
         self.paused_until = None
+        self.fp_stopped = False
 
     def pause(self) -> None:
         if self.alive():
@@ -197,6 +242,24 @@ class Replica:
         if self.alive():
             self.proc.signal(signal.SIGCONT)  # type: ignore[union-attr]
         self.paused_until = None
+        self.fp_stopped = False
+
+    def arm_stop(self, name: str | None, *, deadline: float = 0.0) -> None:
+        """Arm ``name=stop@1`` in the running process (``None``: disarm), atomically."""
+        tmp = self.control.with_suffix(".tmp")
+        tmp.write_text(f"{name}=stop@1\n" if name else "")
+        tmp.replace(self.control)
+        self.fp_pending = (name, deadline) if name else None
+
+    def stopped(self) -> bool:
+        """The process is in the stopped state (Linux ``/proc``; elsewhere: assume so)."""
+        if not self.alive():
+            return False
+        try:
+            stat = Path(f"/proc/{self.proc.pid}/stat").read_text()  # type: ignore[union-attr]
+        except OSError:
+            return True
+        return stat.rsplit(")", 1)[1].split()[0] in ("T", "t")
 
     def _close_log(self) -> None:
         if self.proc is not None and self.proc._log is not None:
@@ -224,6 +287,9 @@ class AgentLog:
     info_attempts: int = 0
     tasks: list[str] = field(default_factory=list)  # acknowledged task ids
     cancels: list[tuple[str, float]] = field(default_factory=list)  # task, ack wall time
+    approval_tasks: list[str] = field(default_factory=list)  # acknowledged, approval needed
+    revoked: list[tuple[str, int]] = field(default_factory=list)  # task, approvals revoked
+    reapproved: list[tuple[str, int]] = field(default_factory=list)  # task, ops re-approved
 
 
 class Agent(threading.Thread):
@@ -241,6 +307,7 @@ class Agent(threading.Thread):
         self.cfg = cfg
         self.seconds = seconds
         self.log = AgentLog()
+        self.to_reapprove: list[str] = []
         self.stop = threading.Event()
         self.error: BaseException | None = None
 
@@ -263,17 +330,20 @@ class Agent(threading.Thread):
             task_id = f"task-{t:06d}"
             n = min(per, self.cfg.operations - t * per)
             ops = [f"op-{t:06d}-{j:03d}" for j in range(n)]
-            self._commit(task_id, ops)
+            every = self.cfg.approval_every
+            self._commit(task_id, ops, approval=bool(every) and t % every == every - 1)
 
-    def _commit(self, task_id: str, ops: list[str]) -> None:
+    def _commit(self, task_id: str, ops: list[str], *, approval: bool = False) -> None:
         uncertain = False
         for attempt in range(40):
             if self.stop.is_set():
                 break
-            outcome = self._try(task_id, ops, retrying=attempt > 0)
+            outcome = self._try(task_id, ops, retrying=attempt > 0, approval=approval)
             if outcome == "ok":
                 self.log.ok.extend(ops)
                 self.log.tasks.append(task_id)
+                if approval:
+                    self.log.approval_tasks.append(task_id)
                 if uncertain:
                     self.log.recovered_commits += 1
                 return
@@ -285,7 +355,7 @@ class Agent(threading.Thread):
             time.sleep(min(2.0, 0.05 * 2 ** min(attempt, 5)))
         (self.log.info if uncertain else self.log.failed).extend(ops)
 
-    def _try(self, task_id: str, ops: list[str], *, retrying: bool) -> str:
+    def _try(self, task_id: str, ops: list[str], *, retrying: bool, approval: bool) -> str:
         try:
             conn = self.engine.connect()
         except Exception:
@@ -296,9 +366,13 @@ class Agent(threading.Thread):
                 advance(
                     conn, task_id, tenant_id=TENANT, expected_revision=0, phase="staged",
                     operations=[StagedOperation(operation_id=o, provider=PROVIDER,
-                                                payload={"op": o, "amount": i + 1})
+                                                payload={"op": o, "amount": i + 1},
+                                                requires_approval=approval)
                                 for i, o in enumerate(ops)],
                 )
+                for o in ops if approval else ():  # the agent approves in the same commit
+                    approvals.approve(conn, tenant_id=TENANT, operation_id=o,
+                                      actor="chaos-agent", reason="agent approval")
             except errors.RevisionConflict:
                 # the task exists: an earlier "uncertain" commit did commit. The outbox
                 # API is idempotent on operation ids, so the operations are there too.
@@ -328,8 +402,77 @@ class Agent(threading.Thread):
         # logged after the commit returned: the cancel was committed by then
         self.log.cancels.append((task_id, time.time()))
 
+    def _task_ops(self, conn: Any, task_id: str) -> list[str]:
+        return list(conn.execute(sa.text(
+            "SELECT operation_id FROM outbox_operations WHERE tenant_id = :t AND task_id = :k"
+            " ORDER BY operation_id"), {"t": TENANT, "k": task_id}).scalars())
+
+    def revoke(self, fraction: float, *, again: bool = False) -> str | None:
+        """Revoke the approvals of one acknowledged approval-requiring task (mid-flight:
+        some of its operations are pending, some in flight, some applied). Returns the
+        task when the revocation was acknowledged."""
+        tasks = self.log.approval_tasks
+        if not tasks:
+            return None
+        task_id = tasks[int(fraction * len(tasks)) % len(tasks)]
+        n = 0
+        try:
+            with self.direct.begin() as conn:
+                for op_id in self._task_ops(conn, task_id):
+                    with contextlib.suppress(errors.ApprovalError):  # none left unrevoked
+                        n += approvals.revoke(conn, tenant_id=TENANT, operation_id=op_id,
+                                              actor="chaos-nemesis", reason="revoked mid-flight")
+        except Exception:
+            return None
+        self.log.revoked.append((task_id, n))
+        if again:
+            self.to_reapprove.append(task_id)
+        return task_id
+
+    def reapprove(self) -> None:
+        """Approve the oldest revoked-to-be-re-approved task's unfinished operations again
+        (the blocked ones requeued)."""
+        if not self.to_reapprove:
+            return
+        task_id = self.to_reapprove.pop(0)
+        n = 0
+        try:
+            with self.direct.begin() as conn:
+                for op_id in self._task_ops(conn, task_id):
+                    with contextlib.suppress(errors.ApprovalError):  # finished meanwhile
+                        approvals.approve(conn, tenant_id=TENANT, operation_id=op_id,
+                                          actor="chaos-nemesis", reason="re-approved",
+                                          requeue=True)
+                        n += 1
+        except Exception:
+            return
+        self.log.reapproved.append((task_id, n))
+
 
 # -- the run -----------------------------------------------------------------------------------
+
+class Admin(threading.Thread):
+    """Runs the agent's and operator's own writes the nemesis issues (cancel, revoke,
+    re-approve) one after another, off the nemesis thread: such a write may wait on a row
+    lock held by a replica the nemesis has SIGSTOPped, and only the nemesis thread ends
+    that pause."""
+
+    def __init__(self) -> None:
+        super().__init__(name="chaos-admin", daemon=True)
+        self.jobs: queue.Queue[Callable[[], Any] | None] = queue.Queue()
+
+    def submit(self, job: Callable[[], Any]) -> None:
+        self.jobs.put(job)
+
+    def run(self) -> None:
+        while (job := self.jobs.get()) is not None:
+            with contextlib.suppress(Exception):  # each job logs only what was acknowledged
+                job()
+
+    def finish(self, timeout: float) -> None:
+        self.jobs.put(None)
+        self.join(timeout=timeout)
+
 
 @dataclass
 class Kill:
@@ -358,7 +501,9 @@ class Runner:
         self._sim_restore: list[tuple[float, str]] = []
         self._proxy_restore_at: float | None = None
         self._deferred: list[Event] = []
-        self._armed: dict[str, int] = {}  # replicas currently armed per point
+        self._t0 = 0.0  # monotonic start of the fault phase
+        self._admin = Admin()
+        self._fp_offset = 0  # bytes of the failpoint log already read
         self._db_thread: threading.Thread | None = None
         self.db_downtime: list[float] = []
 
@@ -408,24 +553,59 @@ class Runner:
         return args
 
     def _start(self, r: Replica, *, armed: bool = True) -> None:
-        if r.armed:
-            self._armed[r.armed] = max(0, self._armed.get(r.armed, 0) - 1)
+        r.armed = {}  # the old generation's arming ends with it
         r.start(failpoints=self._failpoint_spec() if armed else None, seed=self.cfg.seed)
 
+    def _armed_count(self, name: str, action: str) -> int:
+        return sum(1 for r in self.replicas if r.alive() and r.armed.get(name) == action)
+
     def _failpoint_spec(self) -> str:
-        """Arm one failpoint per (re)start, with a high probability: the point that has
-        fired least so far. Points rotate, so every step of the protocol is hit, and a
-        point is disarmed once it fired ``failpoint_target`` times (bounded kill cost)."""
-        target = self.cfg.failpoint_target
-        hits = failpoint_hits(self.fp_log)
-        armed = [n for n, p in self.cfg.failpoint_p.items()
-                 if p and (target is None or hits.get(n, 0) + self._armed.get(n, 0) < target)]
-        if not armed:
+        """What one (re)start arms: ``kill%P`` on the point killed least so far (points
+        rotate, so a crash at every step of the protocol happens), until each point
+        killed ``failpoint_kill_target`` times (bounded restart cost)."""
+        kill_target = self.cfg.failpoint_kill_target
+        fired = failpoint_log(self.fp_log)
+        kills = {n: fired.get((n, "kill"), 0) + self._armed_count(n, "kill")
+                 for n, p in self.cfg.failpoint_p.items() if p}
+        candidates = [n for n, k in kills.items() if kill_target is None or k < kill_target]
+        if not candidates:
             return ""
-        name = min(armed, key=lambda n: (hits.get(n, 0) + self._armed.get(n, 0),
-                                         self.rng.random()))
-        self._armed[name] = self._armed.get(name, 0) + 1
+        name = min(candidates, key=lambda n: (kills[n], self.rng.random()))
         return f"{name}=kill%{self.cfg.failpoint_p[name]:g}"
+
+    def _stop_point(self) -> str:
+        """The point a failpoint pause goes to: the one hit least so far (counting the
+        stops armed and not yet fired)."""
+        hits = failpoint_hits(self.fp_log)
+        pending = [r.fp_pending[0] for r in self.replicas if r.fp_pending]
+        return min(FAILPOINTS, key=lambda n: (hits.get(n, 0) + pending.count(n),
+                                              self.rng.random()))
+
+    def _failpoint_stops(self, now: float) -> None:
+        """New ``stop`` firings in the failpoint log: the replica SIGSTOPped itself at
+        that point; resume it once its lease has passed (as for a nemesis pause)."""
+        try:
+            with self.fp_log.open("rb") as fh:
+                fh.seek(self._fp_offset)
+                data = fh.read()
+        except OSError:
+            return
+        end = data.rfind(b"\n") + 1
+        self._fp_offset += end
+        for line in data[:end].decode(errors="replace").splitlines():
+            parts = line.split()
+            if len(parts) != 3 or parts[1] != "stop":
+                continue
+            name, pid = parts[0], int(parts[2])
+            for r in self.replicas:
+                if r.proc is not None and r.proc.process is not None and r.proc.pid == pid:
+                    r.armed.pop(name, None)
+                    if r.fp_pending and r.fp_pending[0] == name:
+                        r.fp_pending = None
+                    r.fp_stopped = True
+                    r.paused_until = now + self.cfg.lease_seconds + self.rng.uniform(
+                        *self.cfg.pause_extra)
+                    self.bump("failpoint_stop")
 
     # -- main ----------------------------------------------------------------------------------
     def run(self) -> Report:
@@ -436,7 +616,7 @@ class Runner:
             self.sim = SimProcess(self.dir, *self._sim_args())
             retention = 86_400 if cfg.control else cfg.retention_seconds
             provider = http_provider(self.sim, dedup_retention_seconds=retention,
-                                     timeout_seconds=1, in_flight_seconds=4, max_attempts=10)
+                                     timeout_seconds=1, in_flight_seconds=2.5, max_attempts=10)
             env = {"OUTBOXD_FAILPOINT_LOG": str(self.fp_log), "OUTBOXD_LOG_LEVEL": "WARNING"}
             for i in range(cfg.replicas):
                 rurl = url if cfg.dialect == "sqlite" else f"{url}?application_name=outboxd-r{i}"
@@ -468,22 +648,28 @@ class Runner:
                 time.sleep(0.1)
             agent_engine = db.create_engine(url, pool_size=2)
             check_engine = db.create_engine(check_url)
+            # the nemesis thread's own reads (leases of a killed replica, progress, the
+            # drain): on SQLite never ``BEGIN IMMEDIATE``, which would wait on the write
+            # lock of a replica this very thread has SIGSTOPped
+            read_engine = (sa.create_engine(check_url) if cfg.dialect == "sqlite"
+                           else check_engine)
             agent = Agent(agent_engine, cfg, seconds=cfg.fault_seconds * 0.85,
                           direct=check_engine)
             agent.start()
-            self._faults(schedule(cfg), agent, check_engine)
+            self._admin.start()
+            self._faults(schedule(cfg), agent, read_engine)
             agent.join(timeout=cfg.fault_seconds + 120)
             agent.stop.set()
             if agent.error is not None:
                 self.errors.append("agent crashed: " + "".join(
                     traceback.format_exception(agent.error))[-2000:])
             fault_end = time.monotonic()
-            drained = self._drain(check_engine)
+            drained = self._drain(read_engine)
             drain_seconds = time.monotonic() - fault_end
             time.sleep(0.5)
             stats = self.sim.stats()
             report = check(check_engine, stats, agent.log, self.fp_log,
-                           budget=10, control=cfg.control)
+                           budget=10, control=cfg.control, effect_log=self.sim.effects())
             report.figures.update(rto_figures(check_engine, self.kills))
             report.figures["drained"] = drained
             report.figures["drain_seconds"] = round(drain_seconds, 1)
@@ -496,17 +682,22 @@ class Runner:
             if self.proxy is not None:
                 report.figures["proxy"] = self.proxy.stats()
             report.errors.extend(self.errors)
+            for name in FAILPOINTS if cfg.min_failpoint_hits else ():
+                hits = report.failpoint_hits.get(name, 0)
+                report.require(hits >= cfg.min_failpoint_hits,
+                               f"failpoint {name} fired {hits} < {cfg.min_failpoint_hits} times")
             report.seed = cfg.seed
             report.command = cfg.command()
             report.workdir = str(self.dir)
             agent_engine.dispose()
             check_engine.dispose()
+            read_engine.dispose()
             return report
         finally:
             self._teardown()
 
     def _faults(self, events: list[Event], agent: Agent, engine: Engine) -> None:
-        t0 = time.monotonic()
+        t0 = self._t0 = time.monotonic()
         pending = list(events)
         end = t0 + self.cfg.fault_seconds
         next_progress = t0
@@ -532,16 +723,25 @@ class Runner:
             self._db_thread.join(timeout=120)
         # faults stop: restore everything
         self._restore_all(now=float("inf"))
+        self._admin.finish(timeout=120)
 
     def _supervise(self, now: float, engine: Engine) -> None:
+        self._failpoint_stops(now)
         for r in self.replicas:
+            if r.fp_pending and now >= r.fp_pending[1] and r.alive():
+                r.arm_stop(None)  # never passed there in time (idle, or busy elsewhere)
+                self.bump("failpoint_pause_missed")
             if r.paused_until is not None and now >= r.paused_until:
+                if r.fp_stopped and r.alive() and not r.stopped():
+                    continue  # logged, not yet stopped: a SIGCONT now would be lost
                 r.resume()
             if not r.alive():
                 if r.dead_since is None:
                     # died on its own: a failpoint kill (or a crash: see its log)
                     r.dead_since = now
-                    r.restart_at = now + self.rng.uniform(0.2, 0.8)
+                    r.paused_until = None
+                    r.fp_stopped = False
+                    r.restart_at = now + self.rng.uniform(0.1, 0.4)
                     code = r.proc.process.poll() if r.proc and r.proc.process else None
                     text = r.proc.log_text()[-3000:] if r.proc else ""
                     if code == 1 and "OperationalError" in text:
@@ -598,13 +798,18 @@ class Runner:
         except Exception as exc:
             self.say(f"statuses unavailable: {type(exc).__name__}")
 
-    def _target(self, index: int) -> Replica | None:
+    def _target(self, index: int, *, kind: str = "") -> Replica | None:
         """The scheduled replica if it is running, else the next one that is."""
         n = len(self.replicas)
-        for k in range(n):
-            r = self.replicas[(index + k) % n]
-            if r.ready() and r.paused_until is None and r.dead_since is None:
-                return r
+        # first pass: spare a replica with a failpoint stop armed and not yet fired (a
+        # kill or pause now would waste it); second pass: any (never two stops at once)
+        for spare in (True, False):
+            for k in range(n):
+                r = self.replicas[(index + k) % n]
+                if r.fp_pending and (spare or kind == "fp_pause"):
+                    continue
+                if r.ready() and r.paused_until is None and r.dead_since is None:
+                    return r
         return None
 
     def _record_kill(self, r: Replica, engine: Engine, *, by: str) -> None:
@@ -622,10 +827,10 @@ class Runner:
     def _apply(self, ev: Event, agent: Agent, engine: Engine) -> None:
         self.say(f"{ev.kind} {ev.arg}")
         now = time.monotonic()
-        if ev.kind in ("kill", "pause"):
-            r = self._target(ev.arg[0])
+        if ev.kind in ("kill", "pause", "fp_pause"):
+            r = self._target(ev.arg[0], kind=ev.kind)
             if r is None:  # every replica is down or paused: try again shortly
-                ev.at += 0.3
+                ev.at = now - self._t0 + 0.3
                 self._deferred.append(ev)
                 return
         if ev.kind == "kill":
@@ -635,6 +840,10 @@ class Runner:
             r.dead_since = now
             r.restart_at = now + restart_after
             self._record_kill(r, engine, by="nemesis")
+        elif ev.kind == "fp_pause":
+            # resumed by _failpoint_stops once it fired; disarmed if it does not in 4 s
+            r.arm_stop(self._stop_point(), deadline=now + 4.0)
+            self.bump("failpoint_pause_armed")
         elif ev.kind == "pause":
             seconds = ev.arg[1]
             r.pause()
@@ -642,7 +851,7 @@ class Runner:
             self.bump("pause")
         elif ev.kind == "db_restart":
             if self._db_thread is not None and self._db_thread.is_alive():
-                ev.at += 1.0
+                ev.at = now - self._t0 + 1.0
                 self._deferred.append(ev)
                 return
             down = self.rng.uniform(0.3, 1.0)
@@ -682,8 +891,19 @@ class Runner:
             self.bump("pruned_keys", self.sim.prune(all_keys=False))
             self.bump("prune")
         elif ev.kind == "cancel":
-            agent.cancel(ev.arg)
+            fraction = ev.arg
+            self._admin.submit(lambda: agent.cancel(fraction))
             self.bump("cancel")
+        elif ev.kind == "revoke":
+            fraction, again = ev.arg
+            self._admin.submit(lambda: agent.revoke(fraction, again=again))
+            self.bump("revoke")
+            if again:
+                self._deferred.append(Event(now - self._t0 + self.rng.uniform(1.0, 3.0),
+                                            "reapprove"))
+        elif ev.kind == "reapprove":
+            self._admin.submit(agent.reapprove)
+            self.bump("reapprove")
 
     def _drain(self, engine: Engine) -> bool:
         """Faults off; every replica restarted without failpoints; wait until no operation

@@ -35,6 +35,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kills", type=int, default=None)
     p.add_argument("--pauses", type=int, default=None)
     p.add_argument("--db-restarts", type=int, default=None)
+    p.add_argument("--lease-seconds", type=float, default=1.0,
+                   help="the replicas' lease; a pause lasts the lease plus 0.1-0.3 s")
+    p.add_argument("--revocations", type=int, default=None,
+                   help="approval revocations mid-flight (default: scaled)")
     p.add_argument("--control", action="store_true",
                    help="the receiver ignores keys: duplicates are expected and must be seen")
     p.add_argument("--min-failpoint-hits", type=int, default=5)
@@ -66,7 +70,11 @@ def config_from(args: argparse.Namespace) -> ChaosConfig:
         sim_bursts=round(8 * scale),
         prunes=round(10 * scale),
         cancels=round(8 * scale),
+        revocations=(args.revocations if args.revocations is not None
+                     else round(10 * scale)),
+        lease_seconds=args.lease_seconds,
         control=args.control,
+        min_failpoint_hits=0 if args.control else args.min_failpoint_hits,
         drain_timeout=max(120.0, seconds),
         workdir=str(args.workdir) if args.workdir else None,
         keep=args.keep,
@@ -81,12 +89,6 @@ def main(argv: list[str] | None = None) -> int:
           f" fault_seconds={cfg.fault_seconds:g} commit={git_commit()}", flush=True)
     print(f"reproduce: {cfg.command()}", flush=True)
     report = run(cfg)
-    if not cfg.control:
-        for name in ("after_claim_commit", "after_dispatching_commit", "after_send",
-                     "before_receipt_commit", "in_reconcile"):
-            hits = report.failpoint_hits.get(name, 0)
-            report.require(hits >= args.min_failpoint_hits,
-                           f"failpoint {name} fired {hits} < {args.min_failpoint_hits} times")
     print(report.summary(), flush=True)
     out = Path(report.workdir).with_suffix(".report.json") if report.workdir else None
     if out is not None:
