@@ -197,13 +197,19 @@ class Replica:
     def worker_id(self) -> str:
         return f"r{self.index}g{self.generation}"
 
-    def start(self, *, failpoints: str | None, seed: int) -> None:
+    def start(self, *, failpoints: str | None, seed: int, keep_stop: bool = False) -> None:
+        """Start the next generation. ``keep_stop``: a failpoint stop armed in the old
+        generation and not fired (it was killed first) is armed again in the new one."""
         self.armed = {}
         for part in filter(None, (failpoints or "").split(",")):
             name, _, action = part.partition("=")
             self.armed[name] = "stop" if action.startswith("stop") else "kill"
         self.fp_stopped = False
-        self.arm_stop(None)
+        pending = self.fp_pending if keep_stop else None
+        if pending:
+            self.arm_stop(pending[0], deadline=time.monotonic() + 6.0)
+        else:
+            self.arm_stop(None)
         self._close_log()
         self.generation += 1
         env = {**self.base_env, "OUTBOXD_DISPATCHER_WORKER_ID": self.worker_id,
@@ -554,7 +560,8 @@ class Runner:
 
     def _start(self, r: Replica, *, armed: bool = True) -> None:
         r.armed = {}  # the old generation's arming ends with it
-        r.start(failpoints=self._failpoint_spec() if armed else None, seed=self.cfg.seed)
+        r.start(failpoints=self._failpoint_spec() if armed else None, seed=self.cfg.seed,
+                keep_stop=armed)
 
     def _armed_count(self, name: str, action: str) -> int:
         return sum(1 for r in self.replicas if r.alive() and r.armed.get(name) == action)
