@@ -9,7 +9,7 @@ import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from dispatcher import journal, metrics, outcomes
@@ -42,6 +42,14 @@ class InFlight:
     margin) closes. Checked again right before the request leaves: a send delayed past it
     (a full pool, a paused process) is not made, and the row is reconciled instead."""
     not_sent: bool = False
+
+    def db_now(self) -> datetime:
+        """The database clock now, read without a round trip: the database's time at the
+        dispatching write plus the monotonic time since (never the host's wall clock). It
+        lags the true value by that write's commit latency; every decision it feeds
+        (retry or not, window still open) is checked again on the database clock at the
+        next claim, and right before a re-send leaves."""
+        return self.started_at + timedelta(seconds=time.monotonic() - self.t0)
 
 
 @dataclass(frozen=True)

@@ -16,11 +16,12 @@ import time
 from collections import defaultdict
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager
 from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Connection, Engine
 
 from dispatcher import failpoints, journal, metrics, outcomes
 from dispatcher import queries as q
@@ -46,6 +47,14 @@ class Worker:
         artifacts: ArtifactStore | None = None,
     ) -> None:
         self.engine = engine
+        # PostgreSQL: the claim and the record are each ONE statement, so they run as their
+        # own transaction (autocommit: no BEGIN/COMMIT round trips); SQLite's claim is
+        # several statements under BEGIN IMMEDIATE.
+        self._one_statement = (
+            engine.execution_options(isolation_level="AUTOCOMMIT")
+            if engine.dialect.name == "postgresql"
+            else engine
+        )
         self.providers = providers
         self.s = settings
         self.authority: AuthorityCheck = authority or NoAuthority()
@@ -77,7 +86,7 @@ class Worker:
             return 0
         limit = min(self.s.batch_size, free)
         t0 = time.perf_counter()
-        with self.engine.begin() as conn:
+        with self._transaction() as conn:
             token, rows = q.operation_claim_batch(
                 conn, worker=self.s.worker_id, limit=limit, lease_seconds=self.s.lease_seconds
             )
@@ -319,25 +328,34 @@ class Worker:
             log.warning("stale outcomes not applied (fencing)", extra={"count": fenced})
         return len(items)
 
+    def _transaction(self) -> AbstractContextManager[Connection]:
+        """A transaction for one statement (PostgreSQL: the statement is its own)."""
+        if self._one_statement is self.engine:
+            return self.engine.begin()
+        return self._one_statement.connect()
+
     def _record(self, items: list[InFlight]) -> set[int]:
         moved_all: set[int] = set()
         worker = self.s.worker_id
-        with self.engine.begin() as conn:
-            now = q.fetch_db_now(conn)
-            by_token: dict[int, list[tuple[InFlight, outcomes.Decision]]] = defaultdict(list)
-            for item in items:
-                by_token[item.token].append((item, decide(item, self.providers, self.s, now)))
+        by_token: dict[int, list[tuple[InFlight, outcomes.Decision, q.Recorded]]] = (
+            defaultdict(list)
+        )
+        for item in items:
+            now = item.db_now()
+            d = decide(item, self.providers, self.s, now)
+            by_token[item.token].append((item, d, recorded(item, d, worker, now)))
+        with self._transaction() as conn:
+            if self._one_statement is not self.engine:  # each write commits as it runs
+                failpoints.hit("before_receipt_commit")
             for token, group in by_token.items():
                 moved = q.operation_record_many(
-                    conn,
-                    token=token,
-                    items=[recorded(i, d, worker, now) for i, d in group],
-                    actor=worker,
+                    conn, token=token, items=[r for _, _, r in group], actor=worker
                 )
                 moved_all |= moved
-                for item, d in group:
+                for item, d, _ in group:
                     observe(item, d, moved=item.op.id in moved)
-            failpoints.hit("before_receipt_commit")
+            if self._one_statement is self.engine:
+                failpoints.hit("before_receipt_commit")
         return moved_all
 
     # -- leases and shutdown -------------------------------------------------------------
