@@ -4,6 +4,7 @@ transaction as the transitions they describe, with one multi-row insert per batc
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
@@ -83,13 +84,18 @@ def bounded(evidence: Mapping[str, Any] | None) -> dict[str, Any] | None:
     """Evidence is untrusted and may be large: keep it small and JSON-safe."""
     if not evidence:
         return None
-    import json
-
-    text = json.dumps(evidence, default=str, sort_keys=True)
-    if len(text) <= EVIDENCE_LIMIT:
-        result: dict[str, Any] = json.loads(text)
-        return result
-    return {"truncated": True, "prefix": text[:EVIDENCE_LIMIT]}
+    try:  # the common case: plain JSON values already, and small
+        text = json.dumps(evidence, sort_keys=True)
+        plain = True
+    except (TypeError, ValueError):
+        text = json.dumps(evidence, default=str, sort_keys=True)
+        plain = False
+    if len(text) > EVIDENCE_LIMIT:
+        return {"truncated": True, "prefix": text[:EVIDENCE_LIMIT]}
+    if plain and all(isinstance(k, str) for k in evidence):
+        return dict(evidence)
+    result: dict[str, Any] = json.loads(text)
+    return result
 
 
 def write(

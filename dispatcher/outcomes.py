@@ -13,6 +13,7 @@ reconciled by look-up; a new key is never minted.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -50,9 +51,15 @@ def policy_for(
     caps: Capabilities, max_attempts: int | None, max_elapsed_seconds: float | None
 ) -> RetryPolicy:
     """The row's own budget if it set one, else the provider's."""
-    return RetryPolicy(
+    return _policy(
         max_attempts or caps.max_attempts, max_elapsed_seconds or caps.max_elapsed_seconds
     )
+
+
+@functools.lru_cache(maxsize=256)
+def _policy(max_attempts: int, max_elapsed_seconds: float) -> RetryPolicy:
+    """Policies hold no per-row state: one per budget is built once and shared."""
+    return RetryPolicy(max_attempts, max_elapsed_seconds)
 
 
 def window_open(

@@ -21,6 +21,7 @@ from sqlalchemy.dialects import postgresql as pg
 from sqlalchemy.sql.type_api import TypeEngine
 
 from outbox import schema
+from outbox.records import OPERATION_FIELDS
 from outbox.states import OperationStatus
 from outbox.types import db_now
 
@@ -112,11 +113,11 @@ def claim(eligible: Any) -> Any:
             state_revision=ops.c.state_revision + 1,
             updated_at=db_now(),
         )
-        .returning(*ops.c)
+        .returning(*(ops.c[name] for name in OPERATION_FIELDS))
         .cte("claimed")
     )
     events = _events_of(claimed, "pending", sa.literal_column(f"'{S.CLAIMED.value}'"))
-    return sa.select(claimed).add_cte(events)
+    return sa.select(*(claimed.c[name] for name in OPERATION_FIELDS)).add_cte(events)
 
 
 @functools.cache

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from datetime import datetime
 from typing import Any, Self
@@ -59,6 +59,20 @@ class OperationRecord:
         data["status"] = OperationStatus(data["status"])
         data["requires_approval"] = bool(data["requires_approval"])
         return cls(**data)
+
+    @classmethod
+    def from_values(cls, row: Sequence[Any]) -> Self:
+        """From a row whose columns are :data:`OPERATION_FIELDS`, in that order (the
+        dispatcher's claim returns this: no per-row mapping is built)."""
+        values = list(row)
+        values[_STATUS_AT] = OperationStatus(values[_STATUS_AT])
+        values[_APPROVAL_AT] = bool(values[_APPROVAL_AT])
+        return cls(*values)
+
+
+OPERATION_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(OperationRecord))
+_STATUS_AT = OPERATION_FIELDS.index("status")
+_APPROVAL_AT = OPERATION_FIELDS.index("requires_approval")
 
 
 @dataclass(frozen=True)
