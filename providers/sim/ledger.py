@@ -56,9 +56,6 @@ class Ledger:
         self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
         with self._lock:
             self._db.execute("PRAGMA journal_mode=WAL" if path != ":memory:" else "SELECT 1")
-            # WAL + NORMAL: a commit survives the sim's own crash (SIGKILL), not the host's;
-            # no fsync per effect, so the receiver is not the bottleneck of a chaos run
-            self._db.execute("PRAGMA synchronous=NORMAL")
             self._db.executescript(SCHEMA)
             columns = {r[1] for r in self._db.execute("PRAGMA table_info(sim_effects)")}
             if "fencing_token" not in columns:  # a ledger file written by an older sim
