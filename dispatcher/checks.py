@@ -19,8 +19,9 @@ from sqlalchemy.engine import Connection
 from dispatcher import outcomes
 from outbox.admission import admit
 from outbox.artifacts import ArtifactStore
-from outbox.protect import EnvelopeError, Protection, open_payload
+from outbox.protect import EnvelopeError, Protection, is_envelope, open_payload
 from outbox.records import OperationRecord
+from outbox.secrets import SecretFinding, find_secrets_many
 from outbox.states import OperationStatus
 from providers.base import Provider
 
@@ -87,6 +88,7 @@ def pre_dispatch(
     now: datetime,
     artifacts: ArtifactStore | None = None,
     protection: Protection | None = None,
+    scanned: tuple[object, Sequence[SecretFinding]] | None = None,
 ) -> Verdict:
     """The dispatcher's own checks for one claimed row (no database I/O; an artifact is
     read from ``artifacts``). A protected payload is opened here, in memory only, so
@@ -105,6 +107,7 @@ def pre_dispatch(
         max_payload_bytes=max_payload_bytes,
         supported_schemas=caps.payload_schemas if caps else None,
         artifacts=artifacts,
+        scanned=scanned,
     )
     if not adm.ok:
         return Verdict(S.BLOCKED, adm.reason, detail=adm.detail)
@@ -121,3 +124,10 @@ def pre_dispatch(
     ):
         return Verdict(S.UNKNOWN, outcomes.DEDUP_WINDOW_PASSED, adm.digest, dedup_refused=True)
     return Verdict(None, None, adm.digest, payload=adm.payload)
+
+def scan_stored(rows: list[OperationRecord]) -> dict[int, tuple[object, list[SecretFinding]]]:
+    """The credential scan of a batch's stored payloads in one pass (admission uses a
+    result only for the very object scanned: not for a decrypted or artifact payload)."""
+    plain = [op for op in rows if isinstance(op.payload, dict) and not is_envelope(op.payload)]
+    found = find_secrets_many([op.payload for op in plain])
+    return {op.id: (op.payload, f) for op, f in zip(plain, found, strict=True)}

@@ -25,7 +25,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from dispatcher import failpoints, journal, metrics, outcomes
 from dispatcher import queries as q
-from dispatcher.checks import AuthorityCheck, NoAuthority, pre_dispatch
+from dispatcher.checks import AuthorityCheck, NoAuthority, pre_dispatch, scan_stored
 from dispatcher.recording import InFlight, WorkerSettings, decide, observe, recorded
 from outbox.artifacts import ArtifactStore
 from outbox.records import OperationRecord
@@ -111,6 +111,7 @@ class Worker:
             digests: dict[int, str | None] = {}
             payloads: dict[int, Mapping[str, Any] | None] = {}
             details: dict[int, Mapping[str, Any]] = {}
+            scans = scan_stored(rows)
             for op in rows:
                 v = pre_dispatch(
                     op,
@@ -120,6 +121,7 @@ class Worker:
                     now=now,
                     artifacts=self.artifacts,
                     protection=self.s.protection,
+                    scanned=scans.get(op.id),
                 )
                 digests[op.id] = v.digest
                 payloads[op.id] = v.payload
@@ -391,3 +393,4 @@ class Worker:
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+

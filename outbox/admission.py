@@ -8,7 +8,7 @@ daemon. Reasons are stable strings (they label the ``outbox_blocked_operations``
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,7 +16,7 @@ from outbox import artifacts as _artifacts
 from outbox.digest import canonical_json, digest_of_canonical
 from outbox.errors import SecretInPayload
 from outbox.records import OperationRecord
-from outbox.secrets import find_secrets
+from outbox.secrets import SecretFinding, find_secrets
 
 UNKNOWN_PROVIDER = "unknown_provider"
 PAYLOAD_NOT_OBJECT = "payload_not_object"
@@ -47,6 +47,7 @@ def admit(
     max_payload_bytes: int,
     supported_schemas: Collection[int] | None = None,
     artifacts: _artifacts.ArtifactStore | None = None,
+    scanned: tuple[object, Sequence[SecretFinding]] | None = None,
 ) -> Admission:
     """Check one row. Never raises for bad data: returns the reason instead.
 
@@ -74,7 +75,11 @@ def admit(
     if size > max_payload_bytes and not from_artifact:
         return Admission(False, PAYLOAD_TOO_LARGE, f"{size} > {max_payload_bytes} bytes")
     try:
-        findings = find_secrets(payload)
+        # ``scanned``: (the object a batch scan read, its findings): used for that object only
+        if scanned is not None and scanned[0] is payload:
+            findings = list(scanned[1])
+        else:
+            findings = find_secrets(payload)
     except SecretInPayload as exc:  # pragma: no cover - find_secrets returns, not raises
         return Admission(False, CREDENTIAL_IN_PAYLOAD, str(exc))
     if findings:

@@ -29,15 +29,17 @@ import importlib
 import json
 import re
 from bisect import bisect_right
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from itertools import accumulate
-from typing import Any
+from typing import Any, TypeVar
 
 from detect_secrets.plugins.high_entropy_strings import Base64HighEntropyString
 
 from outbox.errors import SecretInPayload
+
+_K = TypeVar("_K", bound=Hashable)
 
 __all__ = ["SecretFinding", "check_no_secrets", "find_secrets"]
 
@@ -307,7 +309,34 @@ def _format(path: _Path) -> str:
 
 def find_secrets(payload: object) -> list[SecretFinding]:
     """Every credential-like item in `payload`, in document order; one finding per path."""
-    items: list[tuple[_Path, str | None]] = []  # (path, string to scan | None: key_name hit)
+    return find_secrets_many([payload])[0]
+
+
+def find_secrets_many(payloads: Sequence[object]) -> list[list[SecretFinding]]:
+    """:func:`find_secrets` of each payload, scanning all their strings together: each
+    check runs once per batch rather than once per payload (the dispatcher admits a
+    claimed batch at a time)."""
+    walked = [_walk(p) for p in payloads]
+    strings = [
+        ((n, i), text)
+        for n, items in enumerate(walked)
+        for i, (_, text) in enumerate(items)
+        if text is not None
+    ]
+    hits: list[dict[int, str]] = [
+        {i: "key_name" for i, (_, text) in enumerate(items) if text is None} for items in walked
+    ]
+    for (n, i), detector in _scan_strings(strings):
+        hits[n][i] = detector
+    return [
+        [SecretFinding(_format(items[i][0]), found[i]) for i in sorted(found)]
+        for items, found in zip(walked, hits, strict=True)
+    ]
+
+
+def _walk(payload: object) -> list[tuple[_Path, str | None]]:
+    """(path, string to scan | None: a key_name hit) for every item worth a look."""
+    items: list[tuple[_Path, str | None]] = []
     stack: list[tuple[_Path, bool, Iterator[tuple[int, Any]]]] = []
     if isinstance(payload, str):
         items.append((None, payload))
@@ -341,12 +370,10 @@ def find_secrets(payload: object) -> list[SecretFinding]:
                 break
         else:
             stack.pop()
-    hits = {i: "key_name" for i, (_, text) in enumerate(items) if text is None}
-    hits.update(_scan_strings([(i, text) for i, (_, text) in enumerate(items) if text is not None]))
-    return [SecretFinding(_format(items[i][0]), hits[i]) for i in sorted(hits)]
+    return items
 
 
-def _scan_strings(strings: list[tuple[int, str]]) -> Iterator[tuple[int, str]]:
+def _scan_strings(strings: list[tuple[_K, str]]) -> Iterator[tuple[_K, str]]:
     """(item index, detector) for each string that a check fires on (the first check wins)."""
     if not strings:
         return

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from outbox.errors import OutboxError, SecretInPayload
-from outbox.secrets import SecretFinding, check_no_secrets, find_secrets
+from outbox.secrets import SecretFinding, check_no_secrets, find_secrets, find_secrets_many
 
 from .secret_corpus import BENIGN_PAYLOADS, SECRET_CASES, SecretCase
 
@@ -56,6 +56,19 @@ def test_recall_and_false_positive_rate() -> None:
     )
     assert recall == 1.0
     assert flagged == 0
+
+
+def test_a_batch_scan_finds_what_one_scan_per_payload_finds() -> None:
+    """The dispatcher scans a claimed batch at once: secrets and benign payloads mixed in
+    one batch give each payload exactly its own findings (none leak to a neighbour)."""
+    mixed: list[object] = []
+    for n, case in enumerate(SECRET_CASES):
+        mixed += [case.payload, BENIGN_PAYLOADS[n % len(BENIGN_PAYLOADS)]]
+    mixed += BENIGN_PAYLOADS
+    assert find_secrets_many(mixed) == [find_secrets(p) for p in mixed]
+    for case, found in zip(SECRET_CASES, find_secrets_many(mixed)[::2], strict=False):
+        assert found[0] == SecretFinding(case.path, case.detector)
+    assert find_secrets_many([]) == []
 
 
 def test_key_name_hit_at_depth_and_in_lists() -> None:
