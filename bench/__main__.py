@@ -150,13 +150,23 @@ def main(argv: list[str] | None = None) -> int:
             d.prepare(dsn)
             d.fill(dsn, size)
             lat = d.claim_latency_ms(dsn)
-            rate = d.drain_for(dsn, 3 if args.quick else 10, batch=100)
+            peak: list[float] = []
+            rate = d.drain_for(dsn, 3 if args.quick else 10, batch=100, rss=peak)
             if size == backlogs[-1] and not args.quick:
                 (h.REPO / "docs" / "claim-explain.txt").write_text(d.explain_claim(dsn))
         figs += [
             h.Figure(f"claim latency, {size:,} pending", "ms", [lat]),
             h.Figure(f"throughput, {size:,} pending", "rows/s", [rate]),
         ]
+        if size == backlogs[-1]:
+            figs.append(
+                h.Figure(
+                    f"peak RSS, one replica, {size:,}-row backlog",
+                    "MB",
+                    peak,
+                    note="target <= 150",
+                )
+            )
         if base_rate is None:
             base_rate = rate
         else:

@@ -113,8 +113,16 @@ def drain(
     return {"rows_per_s": rows / seconds, "commits_per_op": commits / rows, "rss_mb": rss}
 
 
-def drain_for(dsn: str, seconds: float, *, batch: int, provider: str = NULL_PROVIDER) -> float:
-    """Applied rows per second of one replica over ``seconds`` of a (large) backlog."""
+def drain_for(
+    dsn: str,
+    seconds: float,
+    *,
+    batch: int,
+    provider: str = NULL_PROVIDER,
+    rss: list[float] | None = None,
+) -> float:
+    """Applied rows per second of one replica over ``seconds`` of a (large) backlog; its
+    peak RSS (MB) is appended to ``rss`` when given."""
     with tempfile.TemporaryDirectory() as tmp:
         cfg = write_config(Path(tmp), dsn, batch=batch, provider=provider)
         proc = subprocess.Popen(
@@ -137,7 +145,10 @@ def drain_for(dsn: str, seconds: float, *, batch: int, provider: str = NULL_PROV
                     time.sleep(0.05)
                 start_n, t0 = applied(), time.perf_counter()
                 time.sleep(seconds)
-                return (applied() - start_n) / (time.perf_counter() - t0)
+                rate = (applied() - start_n) / (time.perf_counter() - t0)
+                if rss is not None:
+                    rss.append(peak_rss_mb(proc.pid))
+                return rate
         finally:
             proc.terminate()
             proc.wait(timeout=30)
