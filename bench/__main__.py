@@ -16,7 +16,7 @@ from pathlib import Path
 
 from bench import daemon_runs as d
 from bench import harness as h
-from bench import http_compare, latency, raw
+from bench import http_compare, latency, raw, sqlite_run
 
 
 def _fresh(fn):  # type: ignore[no-untyped-def]
@@ -88,6 +88,20 @@ def main(argv: list[str] | None = None) -> int:
             (f"outboxd null / raw drain, batch {batch}", oursf.median / rawf.median, ">= 0.8")
         )
         if batch == 100:
+            sqlitef = h.repeat(
+                "outboxd null provider, SQLite, batch 100",
+                "rows/s",
+                runs,
+                lambda n=n: sqlite_run.drain_sqlite(n, batch=100),
+            )
+            figs.append(sqlitef)
+            ratios.append(
+                (
+                    "SQLite null / PostgreSQL null, batch 100",
+                    sqlitef.median / oursf.median,
+                    "report",
+                )
+            )
             rss = h.Figure(
                 "peak RSS, one replica",
                 "MB",
