@@ -96,7 +96,7 @@ class ChaosConfig:
         "before_receipt_commit": 0.3, "in_reconcile": 0.3})
     # per point: armed with kill%P at (re)starts until it killed so often (None: no limit)
     failpoint_kill_target: int | None = 3
-    failpoint_pause_share: float = 0.5  # of the pauses, delivered at a failpoint
+    failpoint_pause_share: float = 0.6  # of the pauses, delivered at a failpoint
     retention_seconds: float = 20.0  # sim key retention == the provider's declared window
     # the dispatcher's dedup_safety_margin: it must exceed the longest pause between the
     # window check (at the dispatching commit) and the request's arrival (SIGSTOPs here
@@ -848,8 +848,8 @@ class Runner:
             r.restart_at = now + restart_after
             self._record_kill(r, engine, by="nemesis")
         elif ev.kind == "fp_pause":
-            # resumed by _failpoint_stops once it fired; disarmed if it does not in 4 s
-            r.arm_stop(self._stop_point(), deadline=now + 4.0)
+            # resumed by _failpoint_stops once it fired; disarmed if it does not in 6 s
+            r.arm_stop(self._stop_point(), deadline=now + 6.0)
             self.bump("failpoint_pause_armed")
         elif ev.kind == "pause":
             seconds = ev.arg[1]

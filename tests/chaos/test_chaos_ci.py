@@ -27,7 +27,7 @@ SEED = int(os.environ.get("CHAOS_SEED", "20240601"))
 OPERATIONS = 5000
 MIN_FAULTS = 100  # kills + pauses, per dialect
 MIN_HITS = 5  # per failpoint
-# what one dialect's run schedules: 25 SIGKILLs and 100 pauses past the lease (about half
+# what one dialect's run schedules: 25 SIGKILLs and 100 pauses past the lease (about 60%
 # of them delivered at a failpoint; one that a kill pre-empts does not count) in 45 s,
 # plus failpoint kills at (re)starts
 FAULTS = ("--operations", str(OPERATIONS), "--fault-seconds", "45", "--kills", "25",
