@@ -147,10 +147,27 @@ def test_policy_is_rechecked_before_every_send_and_resend(
             with DaemonProcess(cfg):
                 wait_until(lambda: operation(engine, "resend")["attempts"] == 1, timeout=30)
                 sim.control(p_503=0.0)
-                # "small" may sit in jittered back-off after the 503s: allow for it
-                wait_until(lambda: reason_of(engine, "small")[0] == "applied"
-                           and reason_of(engine, "resend")[0] == "blocked", timeout=100,
-                           message="small applied and resend blocked")
+
+                def small_due_now() -> bool:
+                    # "small" may sit in jittered back-off (up to a minute) after the 503s:
+                    # the test advances its clock rather than waiting the back-off out
+                    with engine.begin() as conn:
+                        conn.execute(sa.text(
+                            "UPDATE outbox_operations SET next_attempt_at = NULL"
+                            " WHERE operation_id = 'small' AND status = 'pending'"))
+                    return True
+
+                try:
+                    wait_until(lambda: small_due_now()
+                               and reason_of(engine, "small")[0] == "applied"
+                               and reason_of(engine, "resend")[0] == "blocked", timeout=100,
+                               message="small applied and resend blocked")
+                except AssertionError as exc:
+                    state = {op: (operation(engine, op)["status"],
+                                  operation(engine, op)["status_reason"],
+                                  operation(engine, op)["attempts"])
+                             for op in ("small", "big", "resend")}
+                    raise AssertionError(f"{exc}; now {state}") from None
             assert reason_of(engine, "big") == ("blocked", "policy_denied")
             assert detail_of(blocked_event(engine, "big")) == {
                 "policy": "tests.authority.policies:amount_limit",
