@@ -105,12 +105,8 @@ class Worker:
         refused: list[q.Transition] = []
         events: list[dict[str, Any]] = []
         by_id = {r.id: r for r in rows}
-        # The checks below run on the database clock as of the claim statement (the rows'
-        # updated_at), milliseconds ago: deadlines and cancellation are checked again by
-        # the dispatching write itself, and a blind re-send checks the receiver's window
-        # again right before it leaves (send_by, from that write's database time).
-        now = max(r.updated_at for r in rows)
         with self.engine.begin() as conn:
+            now = q.fetch_db_now(conn)
             passing: list[OperationRecord] = []
             digests: dict[int, str | None] = {}
             payloads: dict[int, Mapping[str, Any] | None] = {}
