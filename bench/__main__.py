@@ -65,6 +65,13 @@ def main(argv: list[str] | None = None) -> int:
             runs,
             _fresh(lambda dsn, n=n, b=batch: raw.raw_drain(dsn, n, b)),
         )
+        rawrec = h.repeat(
+            f"raw drain + outboxd's records, batch {batch}",
+            "rows/s",
+            runs,
+            _fresh(lambda dsn, n=n, b=batch: raw.raw_drain_with_records(dsn, n, b)),
+            note="3 event rows + 1 attempt row per op, one statement per step",
+        )
         stats: list[dict[str, float]] = []
 
         def ours(
@@ -83,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
             [s["commits_per_op"] for s in stats],
             note=f"target <= {3 / batch * 1.05:.3f}",
         )
-        figs += [rawf, oursf, commits]
+        figs += [rawf, rawrec, oursf, commits]
         ratios.append(
             (f"outboxd null / raw drain, batch {batch}", oursf.median / rawf.median, ">= 0.8")
         )
