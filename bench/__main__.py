@@ -156,12 +156,29 @@ def main(argv: list[str] | None = None) -> int:
             null100 = next(f for f in figs if f.name == "outboxd null provider, batch 100")
             ratios.append(("outboxd null / Procrastinate", null100.median / best.median, ">= 25"))
 
-    h.log("6. commit-to-send latency (LISTEN/NOTIFY)")
+    h.log("6. commit-to-send latency")
+    samples = 20 if args.quick else 200
     with h.scratch_database() as dsn:
-        p50, p99 = latency.commit_to_send(dsn, 20 if args.quick else 200)
+        p50, p99 = latency.commit_to_send(dsn, samples)
+    with h.scratch_database() as dsn:
+        poll50, poll99 = latency.commit_to_send(dsn, samples // 2, listen=False)
+    with tempfile.TemporaryDirectory() as tmp, h.scratch_database() as dsn:
+        lite50, lite99 = latency.commit_to_send(dsn, samples // 2, sqlite=f"sqlite:///{tmp}/lat.db")
     figs += [
-        h.Figure("commit-to-send latency p50", "ms", [p50], note="target <= 5"),
-        h.Figure("commit-to-send latency p99", "ms", [p99], note="target <= 25"),
+        h.Figure("commit-to-send latency p50, NOTIFY", "ms", [p50], note="target <= 5"),
+        h.Figure("commit-to-send latency p99, NOTIFY", "ms", [p99], note="target <= 25"),
+        h.Figure(
+            "commit-to-send p50 / p99, PostgreSQL polling",
+            "ms",
+            [poll50],
+            note=f"p99 {poll99:.1f} ms; poll_interval_ms 200",
+        ),
+        h.Figure(
+            "commit-to-send p50 / p99, SQLite polling",
+            "ms",
+            [lite50],
+            note=f"p99 {lite99:.1f} ms; poll_interval_ms 200",
+        ),
     ]
 
     h.log("7. backlog cost")

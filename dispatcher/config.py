@@ -106,6 +106,9 @@ class DispatcherConfig:
     a send's timeout) and a live send loses its lease, which fencing then has to absorb."""
     poll_interval_ms: int = field(default=200, metadata={"ge": 1})
     """Idle wait between claims. Lower latency costs more queries on an idle database."""
+    listen: bool = True
+    """PostgreSQL: also wake on the NOTIFY a new row sends (ms latency when idle); off, the
+    replica only polls. Ignored on SQLite, which always polls."""
     shutdown_grace_seconds: float = field(default=10.0, metadata={"ge": 0})
     """On SIGTERM, how long to let in-flight sends finish before leaving them to recovery."""
     dedup_safety_margin: float = field(default=0.1, metadata={"ge": 0, "lt": 1})

@@ -248,7 +248,7 @@ class Daemon:
             self.worker.kick.set()
 
     def _start_listener(self) -> threading.Thread | None:
-        if self.engine.dialect.name != "postgresql":
+        if self.engine.dialect.name != "postgresql" or not self.config.dispatcher.listen:
             return None
         url = self.engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
         thread = threading.Thread(
