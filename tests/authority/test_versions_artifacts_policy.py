@@ -126,7 +126,7 @@ def test_incompatible_versions_block_until_a_replica_supports_them(
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(360)
 def test_policy_is_rechecked_before_every_send_and_resend(
     sqlite_url: str, tmp_path: Path
 ) -> None:
@@ -145,7 +145,7 @@ def test_policy_is_rechecked_before_every_send_and_resend(
                 "second": http_provider(sim, policy="tests.authority.policies:review_resends"),
             })
             with DaemonProcess(cfg):
-                wait_until(lambda: operation(engine, "resend")["attempts"] == 1, timeout=30)
+                wait_until(lambda: operation(engine, "resend")["attempts"] == 1, timeout=90)
                 sim.control(p_503=0.0)
 
                 def small_due_now() -> bool:
@@ -160,7 +160,7 @@ def test_policy_is_rechecked_before_every_send_and_resend(
                 try:
                     wait_until(lambda: small_due_now()
                                and reason_of(engine, "small")[0] == "applied"
-                               and reason_of(engine, "resend")[0] == "blocked", timeout=100,
+                               and reason_of(engine, "resend")[0] == "blocked", timeout=180,
                                message="small applied and resend blocked")
                 except AssertionError as exc:
                     state = {op: (operation(engine, op)["status"],
