@@ -140,12 +140,20 @@ def drain_for(
                     assert row is not None
                     return int(row[0])
 
+                row = conn.execute("SELECT count(*) FROM outbox_operations").fetchone()
+                assert row is not None
+                total = int(row[0])
                 deadline = Deadline(30)
                 while applied() == 0 and not deadline.passed():
                     time.sleep(0.05)
                 start_n, t0 = applied(), time.perf_counter()
-                time.sleep(seconds)
-                rate = (applied() - start_n) / (time.perf_counter() - t0)
+                end_n, window = start_n, Deadline(seconds)
+                while not window.passed():  # until the window ends or the backlog is drained
+                    time.sleep(0.1)
+                    end_n = applied()
+                    if end_n >= total:
+                        break
+                rate = (end_n - start_n) / (time.perf_counter() - t0)
                 if rss is not None:
                     rss.append(peak_rss_mb(proc.pid))
                 return rate
