@@ -4,7 +4,9 @@ committing ``dispatching``; a second replica, whose receiver is gone, finds the 
 expired and marks the operations ``unknown``. An operator logs in to ``outboxd console``,
 finds one, opens its timeline, resolves it with evidence, and sees the override in the
 timeline and ``applied`` in the database. The overview and the timeline are saved as
-docs/img/console-overview.png and docs/img/console-timeline.png.
+console-overview.png and console-timeline.png in the test's temporary directory, or in the
+directory ``OUTBOXD_SCREENSHOTS`` names (``OUTBOXD_SCREENSHOTS=docs/img`` refreshes the
+documentation's pictures).
 
 Skipped (loudly) only when the browser is absent and CI is not ``true``; under CI=true
 ``.ci/run`` installs it and this test must run.
@@ -33,7 +35,6 @@ from tests.support.sim import SimProcess
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
-IMAGES = REPO_ROOT / "docs" / "img"
 TENANT = "acme"
 CASES = ("ticket:create:case-8472", "refund:issue:order-1182", "email:send:case-8472")
 
@@ -102,11 +103,16 @@ def make_unknown(engine: Engine, url: str, tmp_path: Path) -> Path:
     return cfg
 
 
-def _shot(driver: Any, name: str) -> None:
+def _images(tmp_path: Path) -> Path:
+    chosen = os.environ.get("OUTBOXD_SCREENSHOTS")
+    return (REPO_ROOT / chosen) if chosen else tmp_path / "img"
+
+
+def _shot(driver: Any, images: Path, name: str) -> None:
     height = driver.execute_script("return document.documentElement.scrollHeight")
     driver.set_window_size(1280, min(max(int(height) + 160, 700), 2400))
-    IMAGES.mkdir(parents=True, exist_ok=True)
-    assert driver.save_screenshot(str(IMAGES / name))
+    images.mkdir(parents=True, exist_ok=True)
+    assert driver.save_screenshot(str(images / name))
     driver.set_window_size(1280, 900)
 
 
@@ -118,6 +124,7 @@ def test_an_operator_resolves_an_unknown_operation_with_evidence_in_a_browser(
     from selenium.webdriver.support import expected_conditions as ec
     from selenium.webdriver.support.ui import Select, WebDriverWait
 
+    images = _images(tmp_path)
     engine = db.create_engine(pg_url)
     try:
         cfg = make_unknown(engine, pg_url, tmp_path)
@@ -132,7 +139,7 @@ def test_an_operator_resolves_an_unknown_operation_with_evidence_in_a_browser(
             browser.find_element(By.ID, "login").click()
             wait.until(ec.title_is("outboxd console"), browser.page_source[-1500:])
             assert "lease_expired" in browser.page_source
-            _shot(browser, "console-overview.png")
+            _shot(browser, images, "console-overview.png")
 
             browser.find_element(By.LINK_TEXT, "Unknown").click()
             wait.until(ec.presence_of_element_located((By.LINK_TEXT, target))).click()
@@ -153,7 +160,7 @@ def test_an_operator_resolves_an_unknown_operation_with_evidence_in_a_browser(
             timeline = browser.find_element(By.ID, "timeline").text
             assert "override" in timeline and "HELPDESK-8472" in timeline
             assert "alice" in timeline
-            _shot(browser, "console-timeline.png")
+            _shot(browser, images, "console-timeline.png")
 
         assert row(engine, TENANT, target)["status"] == "applied"
         override = [e for e in events(engine, TENANT, target) if e["kind"] == "override"]
@@ -163,4 +170,4 @@ def test_an_operator_resolves_an_unknown_operation_with_evidence_in_a_browser(
     finally:
         engine.dispose()
     for name in ("console-overview.png", "console-timeline.png"):
-        assert (IMAGES / name).stat().st_size < 400_000
+        assert (images / name).stat().st_size < 400_000
