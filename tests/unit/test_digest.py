@@ -42,7 +42,7 @@ json_values = st.recursive(
 )
 json_objects = st.dictionaries(st.text(max_size=10), json_values, max_size=6)
 
-# What both databases store and hand back unchanged (see api._unportable): no NUL, no
+# What both databases store and hand back unchanged (see validation._unportable): no NUL, no
 # integral float beyond 2**53.
 storable_chars = st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00")
 storable_scalars = (
