@@ -13,8 +13,7 @@ fencing rejection: another worker (or lease recovery) moved the row on.
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -22,6 +21,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from dispatcher import journal, pg_batch
+from dispatcher.transitions import Dispatching, Recorded, Transition
 from outbox import schema
 from outbox.records import OPERATION_FIELDS, OperationRecord
 from outbox.states import NON_TERMINAL, OperationStatus
@@ -169,15 +169,6 @@ def _fenced(token: int, pairs: Iterable[tuple[int, int]], status: OperationStatu
     )
 
 
-@dataclass(frozen=True)
-class Dispatching:
-    id: int
-    state_revision: int
-    attempts: int
-    first_dispatched_at: datetime
-    last_attempt_started_at: datetime
-
-
 def operation_mark_dispatching(
     conn: Connection,
     *,
@@ -228,21 +219,6 @@ def operation_mark_dispatching(
         conn, [r[0] for r in rows], from_status="claimed", to_status="dispatching", actor=actor
     )
     return [Dispatching(r[0], r[1], r[2], r[3], r[4]) for r in rows]
-
-
-@dataclass(frozen=True)
-class Transition:
-    """One fenced status change of a leased row."""
-
-    id: int
-    state_revision: int
-    status: OperationStatus
-    status_reason: str | None = None
-    receipt: Any = None
-    last_outcome: str | None = None
-    delay_seconds: float | None = None
-    """For ``pending``: not before now + delay on the database clock."""
-    payload_digest: str | None = None
 
 
 def operation_transition_many(
@@ -318,18 +294,6 @@ def operation_transition_many(
         )
     ).scalars()
     return set(moved)
-
-
-@dataclass(frozen=True)
-class Recorded:
-    """One finished send to record: its fenced transition, the ``detail`` of its event, and
-    its ``outbox_attempts`` row (:func:`dispatcher.journal.attempt`, evidence not yet marked
-    fenced: that is known only when the write has matched or not)."""
-
-    op: OperationRecord
-    transition: Transition
-    detail: Mapping[str, Any] | None
-    attempt: Mapping[str, Any]
 
 
 def operation_record_many(

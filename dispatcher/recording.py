@@ -13,7 +13,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from dispatcher import journal, metrics, outcomes
-from dispatcher.queries import Recorded, Transition
+from dispatcher.transitions import Recorded, Transition
 from outbox.protect import Protection, seal_receipt
 from outbox.records import OperationRecord
 from outbox.states import OperationStatus

@@ -27,6 +27,7 @@ from dispatcher import failpoints, journal, metrics, outcomes
 from dispatcher import queries as q
 from dispatcher.checks import AuthorityCheck, NoAuthority, pre_dispatch, scan_stored
 from dispatcher.recording import InFlight, WorkerSettings, decide, observe, recorded
+from dispatcher.transitions import Recorded, Transition
 from outbox.artifacts import ArtifactStore
 from outbox.records import OperationRecord
 from outbox.states import OperationStatus
@@ -102,7 +103,7 @@ class Worker:
         return len(rows)
 
     def _commit_dispatching(self, token: int, rows: list[OperationRecord]) -> list[InFlight]:
-        refused: list[q.Transition] = []
+        refused: list[Transition] = []
         events: list[dict[str, Any]] = []
         by_id = {r.id: r for r in rows}
         with self.engine.begin() as conn:
@@ -131,7 +132,7 @@ class Worker:
                 if v.detail:
                     details[op.id] = {"detail": v.detail}
                 refused.append(
-                    q.Transition(
+                    Transition(
                         op.id, op.state_revision, v.status, v.reason, payload_digest=v.digest
                     )
                 )
@@ -150,7 +151,7 @@ class Worker:
                 if detail:
                     details[op.id] = detail
                 refused.append(
-                    q.Transition(
+                    Transition(
                         op.id,
                         op.state_revision,
                         status,
@@ -174,7 +175,7 @@ class Worker:
                 # an earlier attempt may have landed: reconcile it before anything else
                 blind = late_status == S.BLOCKED and outcomes.blind(op.last_outcome)
                 refused.append(
-                    q.Transition(
+                    Transition(
                         op.id, op.state_revision, S.UNKNOWN if blind else late_status, reason
                     )
                 )
@@ -339,7 +340,7 @@ class Worker:
     def _record(self, items: list[InFlight]) -> set[int]:
         moved_all: set[int] = set()
         worker = self.s.worker_id
-        by_token: dict[int, list[tuple[InFlight, outcomes.Decision, q.Recorded]]] = (
+        by_token: dict[int, list[tuple[InFlight, outcomes.Decision, Recorded]]] = (
             defaultdict(list)
         )
         for item in items:
