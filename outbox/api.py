@@ -24,6 +24,7 @@ from sqlalchemy.orm import Session
 from outbox import errors, schema
 from outbox.cancellation import SYSTEM_ACTOR, CancelResult, cancel_task, sweep_cancelled
 from outbox.checkpoints import advance
+from outbox.db import connection_of
 from outbox.records import OperationRecord, TaskRecord
 from outbox.staging import enqueue, existing_operation
 from outbox.tenancy import set_tenant
@@ -45,13 +46,9 @@ __all__ = [
 ops_t, tasks_t = schema.operations, schema.tasks
 
 
-def _conn(c: Connection | Session) -> Connection:
-    return c.connection() if isinstance(c, Session) else c
-
-
 def load_task(conn: Connection | Session, *, tenant_id: str, task_id: str) -> TaskRecord:
     """The task with its operations (in insertion order)."""
-    c = _conn(conn)
+    c = connection_of(conn)
     set_tenant(c, tenant_id)
     row = (
         c.execute(
@@ -70,7 +67,7 @@ def list_operations(
 ) -> list[OperationRecord]:
     set_tenant(conn, tenant_id)
     rows = (
-        _conn(conn)
+        connection_of(conn)
         .execute(
             sa.select(ops_t)
             .where(ops_t.c.tenant_id == tenant_id, ops_t.c.task_id == task_id)
@@ -85,7 +82,7 @@ def get_operation(
     conn: Connection | Session, *, tenant_id: str, operation_id: str
 ) -> OperationRecord:
     set_tenant(conn, tenant_id)
-    found = existing_operation(_conn(conn), tenant_id, operation_id)
+    found = existing_operation(connection_of(conn), tenant_id, operation_id)
     if found is None:
         raise errors.OperationNotFound(tenant_id=tenant_id, operation_id=operation_id)
     return found

@@ -32,6 +32,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 
 from outbox import errors, schema
+from outbox.db import connection_of
 from outbox.digest import payload_digest
 from outbox.records import OperationRecord
 from outbox.states import TERMINAL, OperationStatus
@@ -75,10 +76,6 @@ class ApprovalResult:
     approval: Approval
     requeued: bool
     """The operation was ``blocked`` for an approval reason and is ``pending`` again."""
-
-
-def _conn(c: Connection | Session) -> Connection:
-    return c.connection() if isinstance(c, Session) else c
 
 
 def _nonempty(name: str, value: str | None) -> str:
@@ -128,7 +125,7 @@ def list_approvals(
     conn: Connection | Session, *, tenant_id: str, operation_id: str
 ) -> list[Approval]:
     """Every approval of the operation, oldest first."""
-    rows = _conn(conn).execute(
+    rows = connection_of(conn).execute(
         sa.select(approvals_t)
         .where(approvals_t.c.tenant_id == tenant_id, approvals_t.c.operation_id == operation_id)
         .order_by(approvals_t.c.id)
@@ -177,7 +174,7 @@ def approve(
     ``expires_at`` (aware datetime) or ``expires_in`` (from now on the database clock);
     neither: no expiry. ``requeue``: if the operation is ``blocked`` for an approval reason,
     return it to ``pending`` (recorded as a transition by ``actor``)."""
-    c = _conn(conn)
+    c = connection_of(conn)
     _nonempty("actor", actor)
     if expires_at is not None and expires_in is not None:
         raise errors.ApprovalError("give expires_at or expires_in, not both")
@@ -242,7 +239,7 @@ def revoke(
     """Revoke every unrevoked approval of the operation (in the caller's transaction).
     Returns how many. A send already in flight cannot be recalled: the event's detail says
     so (``too_late``), and such an operation is reconciled as usual."""
-    c = _conn(conn)
+    c = connection_of(conn)
     _nonempty("actor", actor)
     _nonempty("reason", reason)
     op = _operation(c, tenant_id, operation_id)

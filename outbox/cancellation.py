@@ -9,26 +9,17 @@ from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 
 from outbox import schema
+from outbox.db import connection_of, insert_for
 from outbox.states import MAYBE_APPLIED, NON_TERMINAL, OperationStatus
 from outbox.tenancy import set_tenant
 from outbox.types import db_now
 
 ops_t, tasks_t, events_t = schema.operations, schema.tasks, schema.events
 SYSTEM_ACTOR = "outbox"
-
-
-def _conn(c: Connection | Session) -> Connection:
-    return c.connection() if isinstance(c, Session) else c
-
-
-def _insert(conn: Connection) -> Any:
-    dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
-    return dialect.insert
 
 
 @dataclass(frozen=True)
@@ -53,7 +44,7 @@ def cancel_task(
     ``cancel_too_late`` event and is reconciled as usual. Creates the task row if the
     agent kept its checkpoint elsewhere, so the cancellation survives restarts.
     """
-    c = _conn(conn)
+    c = connection_of(conn)
     set_tenant(c, tenant_id)
     updated = c.execute(
         sa.update(tasks_t)
@@ -66,7 +57,7 @@ def cancel_task(
     )
     if updated.rowcount == 0:
         c.execute(
-            _insert(c)(tasks_t)
+            insert_for(c)(tasks_t)
             .values(
                 tenant_id=tenant_id, task_id=task_id, cancelled_at=db_now(), cancel_reason=reason
             )

@@ -7,11 +7,11 @@ from collections.abc import Sequence
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 
 from outbox import errors, protect, schema
+from outbox.db import connection_of, insert_for
 from outbox.ddl import DEFAULT_MAX_PAYLOAD_BYTES
 from outbox.records import TaskRecord
 from outbox.staging import existing_operation, same_operation, stage_row
@@ -20,15 +20,6 @@ from outbox.types import db_now
 from outbox.validation import StagedOperation, prepare
 
 tasks_t = schema.tasks
-
-
-def _conn(c: Connection | Session) -> Connection:
-    return c.connection() if isinstance(c, Session) else c
-
-
-def _insert(conn: Connection) -> Any:
-    dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
-    return dialect.insert
 
 
 def advance(
@@ -52,7 +43,7 @@ def advance(
     nothing; so does an invalid operation (validated before the task is touched).
     ``protection`` as for :func:`enqueue`.
     """
-    c = _conn(conn)
+    c = connection_of(conn)
     set_tenant(c, tenant_id)
     prot = protection if protection is not None else protect.default()
     rows = [prepare(tenant_id, task_id, op, max_payload_bytes, prot) for op in operations]
@@ -65,7 +56,7 @@ def advance(
         values["workflow_version"] = workflow_version
     if expected_revision == 0:
         stmt = (
-            _insert(c)(tasks_t)
+            insert_for(c)(tasks_t)
             .values(
                 tenant_id=tenant_id,
                 task_id=task_id,

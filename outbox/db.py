@@ -14,7 +14,9 @@ from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy import event
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.orm import Session
 
 from outbox import errors
 
@@ -117,3 +119,14 @@ def mapped_errors() -> Iterator[None]:
         if mapped is None:
             raise
         raise mapped from exc
+
+
+def connection_of(c: Connection | Session) -> Connection:
+    """The Core connection of the caller's transaction (a Session's, or the Connection)."""
+    return c.connection() if isinstance(c, Session) else c
+
+
+def insert_for(conn: Connection) -> Any:
+    """The dialect's ``insert`` (it has ``on_conflict_do_nothing`` on both dialects)."""
+    dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
+    return dialect.insert

@@ -29,6 +29,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 
 from outbox import errors, schema
+from outbox.db import connection_of
 from outbox.records import OperationRecord
 from outbox.recovery import MAYBE_APPLIED
 from outbox.states import OperationStatus, check_transition
@@ -69,10 +70,6 @@ class OverrideResult:
     to_status: str
     state_revision: int
     event_id: int
-
-
-def _conn(c: Connection | Session) -> Connection:
-    return c.connection() if isinstance(c, Session) else c
 
 
 def _text(name: str, value: str | None, *, required: bool = True) -> str | None:
@@ -188,7 +185,7 @@ def resolve(
     ``reconciled_not_applied``); ``rejected``: the receiver refused it for good. An
     evidence reference is always required.
     """
-    c = _conn(conn)
+    c = connection_of(conn)
     if outcome not in OUTCOMES:
         raise OverrideRefused(f"outcome must be one of {', '.join(OUTCOMES)}", outcome=outcome)
     who, why = _text("actor", actor), _text("reason", reason)
@@ -247,7 +244,7 @@ def requeue(
     """Back to ``pending`` with the same key: a ``blocked`` (or ``rejected``) operation, or
     an ``unknown`` one with evidence that it was not applied. The dispatcher runs every
     check again before sending."""
-    c = _conn(conn)
+    c = connection_of(conn)
     who, why = _text("actor", actor), _text("reason", reason)
     ref = _text("evidence", evidence, required=False)
     op = _load(c, tenant_id, operation_id)
@@ -297,7 +294,7 @@ def cancel(
 ) -> OverrideResult:
     """``pending`` or ``blocked`` -> ``cancelled``. An operation that may already have been
     dispatched (``dispatching``, ``unknown``) cannot be recalled: :class:`CannotRecall`."""
-    c = _conn(conn)
+    c = connection_of(conn)
     who, why = _text("actor", actor), _text("reason", reason)
     op = _load(c, tenant_id, operation_id)
     if op.status in (S.DISPATCHING, S.UNKNOWN):

@@ -42,6 +42,7 @@ from sqlalchemy.orm import Session
 from outbox import errors, schema, states
 from outbox.api import list_operations
 from outbox.approvals import APPROVAL_REASONS, Approval, evaluate
+from outbox.db import connection_of
 from outbox.digest import payload_digest
 from outbox.records import OperationRecord
 from outbox.states import OperationStatus
@@ -161,10 +162,6 @@ def jsonable(value: Any) -> Any:
     return value
 
 
-def _conn(c: Connection | Session) -> Connection:
-    return c.connection() if isinstance(c, Session) else c
-
-
 def published_verifiers(conn: Connection) -> frozenset[str]:
     """Providers the daemon's verifier declared able to ``verify``."""
     m = schema.meta
@@ -258,7 +255,7 @@ def plan(
     daemon published. Raises :class:`~outbox.errors.TaskNotFound` when neither a task row
     nor any operation of that task exists.
     """
-    c = _conn(conn)
+    c = connection_of(conn)
     set_tenant(c, tenant_id)
     t = schema.tasks
     task = (

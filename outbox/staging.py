@@ -11,12 +11,11 @@ from collections.abc import Mapping
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 
 from outbox import errors, protect, schema
-from outbox.db import mapped_errors
+from outbox.db import connection_of, insert_for, mapped_errors
 from outbox.ddl import DEFAULT_MAX_PAYLOAD_BYTES
 from outbox.digest import default_idempotency_key, payload_digest
 from outbox.records import OperationRecord
@@ -24,15 +23,6 @@ from outbox.tenancy import set_tenant
 from outbox.validation import StagedOperation, prepare
 
 ops_t = schema.operations
-
-
-def _conn(c: Connection | Session) -> Connection:
-    return c.connection() if isinstance(c, Session) else c
-
-
-def _insert(conn: Connection) -> Any:
-    dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
-    return dialect.insert
 
 
 def existing_operation(
@@ -81,7 +71,7 @@ def stage_row(conn: Connection, row: dict[str, Any]) -> OperationRecord:
     values = {**row}
     if values.get("idempotency_key") is None:
         values["idempotency_key"] = default_idempotency_key(row["tenant_id"], row["operation_id"])
-    stmt = _insert(conn)(ops_t).values(**values).on_conflict_do_nothing().returning(*ops_t.c)
+    stmt = insert_for(conn)(ops_t).values(**values).on_conflict_do_nothing().returning(*ops_t.c)
     with mapped_errors():
         inserted = conn.execute(stmt).mappings().first()
     if inserted is None:
@@ -130,4 +120,4 @@ def enqueue(
     set_tenant(conn, tenant_id)
     op = StagedOperation(operation_id=operation_id, provider=provider, payload=payload, **options)
     prot = protection if protection is not None else protect.default()
-    return stage_row(_conn(conn), prepare(tenant_id, task_id, op, max_payload_bytes, prot))
+    return stage_row(connection_of(conn), prepare(tenant_id, task_id, op, max_payload_bytes, prot))

@@ -19,14 +19,11 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 
 from outbox import errors, schema
+from outbox.db import connection_of
 
 SETTING = "outbox.tenant_id"
 REVEAL_FUNCTION = "outbox_reveal_payload"
 REVEAL_EVENT = "payload_revealed"
-
-
-def _conn(c: Connection | Session) -> Connection:
-    return c.connection() if isinstance(c, Session) else c
 
 
 def set_tenant(conn: Connection | Session, tenant_id: str) -> None:
@@ -35,7 +32,7 @@ def set_tenant(conn: Connection | Session, tenant_id: str) -> None:
     Transaction-local: after COMMIT or ROLLBACK the setting is gone, so the next
     transaction on the same pooled connection sees no tenant's rows until it sets one.
     """
-    c = _conn(conn)
+    c = connection_of(conn)
     if c.dialect.name != "postgresql":
         return
     if not isinstance(tenant_id, str) or not tenant_id.strip():
@@ -45,7 +42,7 @@ def set_tenant(conn: Connection | Session, tenant_id: str) -> None:
 
 def current_tenant(conn: Connection | Session) -> str | None:
     """The tenant the current transaction is scoped to, or None (always None on SQLite)."""
-    c = _conn(conn)
+    c = connection_of(conn)
     if c.dialect.name != "postgresql":
         return None
     value = c.execute(sa.select(sa.func.current_setting(SETTING, True))).scalar()
@@ -71,7 +68,7 @@ def reveal_payload(
     """
     if not actor.strip() or not reason.strip():
         raise errors.InvalidPayload("reveal_payload needs an actor and a reason")
-    c = _conn(conn)
+    c = connection_of(conn)
     if c.dialect.name == "postgresql":
         set_tenant(c, tenant_id)
         fn = getattr(sa.func, REVEAL_FUNCTION)
