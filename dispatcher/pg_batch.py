@@ -63,6 +63,14 @@ RECORD_COLUMNS: tuple[tuple[str, TypeEngine[Any]], ...] = (
 )
 
 
+def status_literal(status: OperationStatus) -> Any:
+    """A status as an SQL literal, not a parameter. In a WHERE clause it lets PostgreSQL
+    keep one generic plan for a prepared hot-path statement: with the status as a
+    parameter the planner cannot match the partial indexes (``WHERE status = 'pending'``)
+    and re-plans on every execution."""
+    return sa.literal_column(f"'{status.value}'")
+
+
 def batch_json(rows: Sequence[dict[str, Any]]) -> str:
     """The JSON parameter of a batch (timestamps as ISO text, which PostgreSQL parses)."""
     return json.dumps(rows, default=str)
@@ -98,8 +106,8 @@ def _events_of(
 
 @functools.cache
 def claim(eligible: Any) -> Any:
-    """``pending -> claimed`` for the ids ``eligible`` selects (``LIMIT :claim_limit``), a
-    fresh fencing token for the batch, and the events. Parameters: claim_limit, actor,
+    """``pending -> claimed`` for the ids ``eligible`` selects (its LIMIT rendered), a
+    fresh fencing token for the batch, and the events. Parameters: actor,
     lease. Returns the claimed rows (every column)."""
     token = sa.select(sa.func.nextval(schema.FENCING_SEQUENCE)).scalar_subquery()
     claimed = (
@@ -139,7 +147,7 @@ def mark_dispatching(where: Any) -> Any:
             ops.c.id == v.c.id,
             ops.c.state_revision == v.c.rev,
             ops.c.fencing_token == TOKEN,
-            ops.c.status == S.CLAIMED.value,
+            ops.c.status == status_literal(S.CLAIMED),
             where,
         )
         .values(

@@ -66,12 +66,12 @@ def _eligible(limit: int | Any) -> sa.Select[Any]:
     blocked_by_order = sa.exists().where(
         earlier.c.ordering_key == ops.c.ordering_key,
         earlier.c.id < ops.c.id,
-        earlier.c.status.in_(_NON_TERMINAL),
+        earlier.c.status.in_([pg_batch.status_literal(S(v)) for v in _NON_TERMINAL]),
     )
     return (
         sa.select(ops.c.id)
         .where(
-            ops.c.status == S.PENDING.value,
+            ops.c.status == pg_batch.status_literal(S.PENDING),
             is_due(ops.c.next_attempt_at),
             ~cancelled,
             sa.or_(ops.c.ordering_key.is_(None), ~blocked_by_order),
@@ -81,12 +81,11 @@ def _eligible(limit: int | Any) -> sa.Select[Any]:
     )
 
 
-CLAIM_LIMIT = sa.bindparam("claim_limit", type_=sa.Integer())
-
-
 @functools.cache
-def _pg_eligible() -> sa.Select[Any]:
-    return _eligible(CLAIM_LIMIT).with_for_update(skip_locked=True, of=ops)
+def _pg_eligible(limit: int) -> sa.Select[Any]:
+    # the limit is rendered, not bound: with ``LIMIT $n`` the planner's generic plan
+    # guesses a tenth of the table and it re-plans on every execution instead
+    return _eligible(sa.literal_column(str(int(limit)))).with_for_update(skip_locked=True, of=ops)
 
 
 @functools.cache
@@ -126,8 +125,8 @@ def operation_claim_batch(
     if _pg(conn):
         rows = (
             conn.execute(
-                pg_batch.claim(_pg_eligible()),
-                {"claim_limit": limit, "actor": worker, "lease": lease_seconds},
+                pg_batch.claim(_pg_eligible(limit)),
+                {"actor": worker, "lease": lease_seconds},
             )
             .all()
         )
