@@ -145,7 +145,14 @@ def test_policy_is_rechecked_before_every_send_and_resend(
                 "second": http_provider(sim, policy="tests.authority.policies:review_resends"),
             })
             with DaemonProcess(cfg):
-                wait_until(lambda: operation(engine, "resend")["attempts"] == 1, timeout=90)
+                def resend_answered_503() -> bool:
+                    # attempts counts from the "dispatching" mark, before the send: wait for
+                    # the 503 to be recorded, or the sim could answer the first send with 200
+                    row = operation(engine, "resend")
+                    return bool(row["attempts"] == 1 and row["status"] in ("pending", "blocked"))
+
+                wait_until(resend_answered_503, timeout=90,
+                           message="the first send of resend answered with 503")
                 sim.control(p_503=0.0)
 
                 def small_due_now() -> bool:
