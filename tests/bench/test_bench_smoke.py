@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import daemon_runs, harness, latency, raw
+from bench import daemon_runs, harness, latency, phases, raw
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
 
@@ -28,3 +28,11 @@ def test_harness_workloads_run(
     assert 0 < p50 <= p99 and rate > 0
     table = harness.table([harness.Figure("x", "rows/s", [1.0, 2.0])], [("r", 0.5, ">= 1")])
     assert "| x |" in table
+
+
+def test_phase_timing_runs(pg_admin_dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(harness, "ADMIN_DSN", pg_admin_dsn)
+    seconds, timed = phases.measure(300, 100)
+    assert seconds > 0
+    assert {"claim statement", "dispatching transaction", "record transaction"} <= set(timed)
+    assert any(label.startswith("SQL WITH claimed") for label in timed)

@@ -1,0 +1,131 @@
+"""Where a batch's wall time goes: one replica draining a backlog, with its phases timed.
+
+Run as ``python -m bench.phases [--rows N] [--batch B]``: stages ``N`` operations on a
+scratch PostgreSQL database, runs ``outboxd run`` (the null provider) in a child process
+whose worker phases and psycopg executions are wrapped with ``perf_counter`` timers, and
+prints, per claimed batch, the time of each phase and of the SQL inside it. What is not
+SQL is Python in the claiming thread. Profiling aid only: the timers cost a little.
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import collections
+import json
+import runpy
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from bench.daemon_runs import NULL_PROVIDER, fill, prepare, write_config
+from bench.harness import REPO, Deadline, scratch_database
+
+PHASES = {  # label: (module, attribute path)
+    "claim statement": ("dispatcher.queries", "operation_claim_batch"),
+    "dispatching transaction": ("dispatcher.worker", "Worker._commit_dispatching"),
+    "record transaction": ("dispatcher.worker", "Worker._record"),
+}
+
+
+def _child(report: str, argv: list[str]) -> None:
+    """In the daemon's process: wrap the phases and psycopg's execute, then run the CLI."""
+    import importlib
+
+    totals: collections.Counter[str] = collections.Counter()
+    counts: collections.Counter[str] = collections.Counter()
+
+    def timed(label: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                totals[label] += time.perf_counter() - t0
+                counts[label] += 1
+
+        return wrapper
+
+    for label, (module, path) in PHASES.items():
+        owner: Any = importlib.import_module(module)
+        *parents, name = path.split(".")
+        for parent in parents:
+            owner = getattr(owner, parent)
+        setattr(owner, name, timed(label, getattr(owner, name)))
+    execute = psycopg.Cursor.execute
+
+    def sql(self: psycopg.Cursor[Any], query: Any, *args: Any, **kwargs: Any) -> Any:
+        words = str(query).split()
+        label = "SQL " + " ".join(words[:3])[:40]
+        return timed(label, execute)(self, query, *args, **kwargs)
+
+    psycopg.Cursor.execute = sql  # type: ignore[method-assign]
+    atexit.register(lambda: Path(report).write_text(json.dumps(
+        {k: [totals[k], counts[k]] for k in totals})))
+    sys.argv = ["outboxd", *argv]
+    runpy.run_module("dispatcher.cli", run_name="__main__")
+
+
+def measure(rows: int, batch: int) -> tuple[float, dict[str, tuple[float, int]]]:
+    with scratch_database("outboxd_phases") as dsn, tempfile.TemporaryDirectory() as tmp:
+        prepare(dsn)
+        fill(dsn, rows)
+        cfg = write_config(Path(tmp), dsn, batch=batch, provider=NULL_PROVIDER)
+        report = Path(tmp) / "phases.json"
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "bench.phases", "--child", str(report),
+             "run", "--config", str(cfg)],
+            cwd=REPO, stderr=subprocess.DEVNULL,
+        )
+        deadline = Deadline(600)
+        try:
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                while not deadline.passed():
+                    time.sleep(0.2)
+                    row = conn.execute("SELECT count(*) FROM outbox_operations"
+                                       " WHERE status = 'applied'").fetchone()
+                    if row is not None and row[0] >= rows:
+                        break
+                span = conn.execute(
+                    "SELECT extract(epoch FROM (SELECT max(updated_at) FROM outbox_operations)"
+                    " - (SELECT min(created_at) FROM outbox_events"
+                    " WHERE to_status = 'claimed'))").fetchone()
+        finally:
+            proc.send_signal(2)  # SIGINT: a clean stop runs the report's atexit hook
+            proc.wait(timeout=60)
+        raw = json.loads(report.read_text())
+    seconds = float(span[0]) if span and span[0] else float("nan")
+    return seconds, {k: (float(v[0]), int(v[1])) for k, v in raw.items()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args_in = sys.argv[1:] if argv is None else argv
+    if args_in[:1] == ["--child"]:
+        _child(args_in[1], args_in[2:])
+        return 0
+    parser = argparse.ArgumentParser(prog="python -m bench.phases", description=__doc__)
+    parser.add_argument("--rows", type=int, default=20_000)
+    parser.add_argument("--batch", type=int, default=100)
+    args = parser.parse_args(args_in)
+    seconds, phases = measure(args.rows, args.batch)
+    batches = phases.get("dispatching transaction", (0.0, 1))[1] or 1  # claims with rows
+    print(f"{args.rows:,} rows at batch {args.batch}: {args.rows / seconds:,.0f} rows/s, "
+          f"{1000 * seconds / batches:.1f} ms of wall time per claim")
+    per_claim = 1000 * seconds / batches
+    sql = sum(t for k, (t, _) in phases.items() if k.startswith("SQL ")) * 1000 / batches
+    print(f"SQL, waited for by the client (round trips included): {sql:.1f} ms per claim; "
+          f"the rest, {per_claim - sql:.1f} ms, is Python (commits are not counted as SQL)")
+    print(f"{'phase or statement':44s} {'ms per claim':>12s} {'calls':>7s}")
+    for label, (total, calls) in sorted(phases.items(), key=lambda kv: -kv[1][0]):
+        print(f"{label:44s} {1000 * total / batches:12.2f} {calls:7d}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
