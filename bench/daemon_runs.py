@@ -7,6 +7,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import psycopg
 
@@ -58,6 +59,15 @@ enabled = false
 NULL_PROVIDER = '[providers.sink]\nkind = "null"\n'
 
 
+def drain_seconds(conn: psycopg.Connection[Any]) -> float:
+    """First claim to last applied, on the database clock (NaN if nothing was claimed)."""
+    span = conn.execute(
+        "SELECT extract(epoch FROM (SELECT max(updated_at) FROM outbox_operations)"
+        " - (SELECT min(created_at) FROM outbox_events WHERE to_status = 'claimed'))"
+    ).fetchone()
+    return float(span[0]) if span and span[0] else float("nan")
+
+
 def drain(
     dsn: str,
     rows: int,
@@ -99,17 +109,13 @@ def drain(
                         break
                 else:
                     log(f"  drain timed out: {row[0]} of {row[1]} applied")
-                span = conn.execute(
-                    "SELECT extract(epoch FROM (SELECT max(updated_at) FROM outbox_operations)"
-                    " - (SELECT min(created_at) FROM outbox_events WHERE to_status = 'claimed'))"
-                ).fetchone()
+                seconds = drain_seconds(conn)
         finally:
             for p in procs:
                 p.terminate()
             for p in procs:
                 p.wait(timeout=30)
         commits = xact_commits(dsn) - commits_before - polls - 2
-    seconds = float(span[0]) if span and span[0] else float("nan")
     return {"rows_per_s": rows / seconds, "commits_per_op": commits / rows, "rss_mb": rss}
 
 

@@ -24,7 +24,7 @@ from typing import Any
 
 import psycopg
 
-from bench.daemon_runs import NULL_PROVIDER, fill, prepare, write_config
+from bench.daemon_runs import NULL_PROVIDER, drain_seconds, fill, prepare, write_config
 from bench.harness import REPO, Deadline, scratch_database
 
 PHASES = {  # label: (module, attribute path)
@@ -41,14 +41,17 @@ def _child(report: str, argv: list[str]) -> None:
     totals: collections.Counter[str] = collections.Counter()
     counts: collections.Counter[str] = collections.Counter()
 
-    def timed(label: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    def timed(label: str | Callable[..., str], fn: Callable[..., Any]) -> Callable[..., Any]:
+        """``fn`` with its time added under ``label`` (or ``label(*args)``)."""
+
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             t0 = time.perf_counter()
             try:
                 return fn(*args, **kwargs)
             finally:
-                totals[label] += time.perf_counter() - t0
-                counts[label] += 1
+                key = label if isinstance(label, str) else label(*args)
+                totals[key] += time.perf_counter() - t0
+                counts[key] += 1
 
         return wrapper
 
@@ -58,14 +61,10 @@ def _child(report: str, argv: list[str]) -> None:
         for parent in parents:
             owner = getattr(owner, parent)
         setattr(owner, name, timed(label, getattr(owner, name)))
-    execute = psycopg.Cursor.execute
+    def statement(_cursor: object, query: object, *_: object) -> str:
+        return "SQL " + " ".join(str(query).split()[:3])[:40]
 
-    def sql(self: psycopg.Cursor[Any], query: Any, *args: Any, **kwargs: Any) -> Any:
-        words = str(query).split()
-        label = "SQL " + " ".join(words[:3])[:40]
-        return timed(label, execute)(self, query, *args, **kwargs)
-
-    psycopg.Cursor.execute = sql  # type: ignore[method-assign]
+    psycopg.Cursor.execute = timed(statement, psycopg.Cursor.execute)  # type: ignore[method-assign]
     atexit.register(lambda: Path(report).write_text(json.dumps(
         {k: [totals[k], counts[k]] for k in totals})))
     sys.argv = ["outboxd", *argv]
@@ -92,15 +91,11 @@ def measure(rows: int, batch: int) -> tuple[float, dict[str, tuple[float, int]]]
                                        " WHERE status = 'applied'").fetchone()
                     if row is not None and row[0] >= rows:
                         break
-                span = conn.execute(
-                    "SELECT extract(epoch FROM (SELECT max(updated_at) FROM outbox_operations)"
-                    " - (SELECT min(created_at) FROM outbox_events"
-                    " WHERE to_status = 'claimed'))").fetchone()
+                seconds = drain_seconds(conn)
         finally:
             proc.send_signal(2)  # SIGINT: a clean stop runs the report's atexit hook
             proc.wait(timeout=60)
         raw = json.loads(report.read_text())
-    seconds = float(span[0]) if span and span[0] else float("nan")
     return seconds, {k: (float(v[0]), int(v[1])) for k, v in raw.items()}
 
 
@@ -115,9 +110,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(args_in)
     seconds, phases = measure(args.rows, args.batch)
     batches = phases.get("dispatching transaction", (0.0, 1))[1] or 1  # claims with rows
-    print(f"{args.rows:,} rows at batch {args.batch}: {args.rows / seconds:,.0f} rows/s, "
-          f"{1000 * seconds / batches:.1f} ms of wall time per claim")
     per_claim = 1000 * seconds / batches
+    print(f"{args.rows:,} rows at batch {args.batch}: {args.rows / seconds:,.0f} rows/s, "
+          f"{per_claim:.1f} ms of wall time per claim")
     sql = sum(t for k, (t, _) in phases.items() if k.startswith("SQL ")) * 1000 / batches
     print(f"SQL, waited for by the client (round trips included): {sql:.1f} ms per claim; "
           f"the rest, {per_claim - sql:.1f} ms, is Python (commits are not counted as SQL)")
