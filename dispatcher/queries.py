@@ -359,17 +359,18 @@ def operation_record_many(
 
 def lease_extend(
     conn: Connection, *, token: int, pairs: Sequence[tuple[int, int]], lease_seconds: float
-) -> int:
+) -> set[int]:
     """Extend the lease of rows still ``dispatching`` under this token (not a transition:
-    the revision is unchanged). Returns how many were extended."""
+    the revision is unchanged). Returns the ids of the rows extended."""
     if not pairs:
-        return 0
+        return set()
     result = conn.execute(
         sa.update(ops)
         .where(_fenced(token, pairs, S.DISPATCHING))
         .values(lease_expires_at=db_now(lease_seconds))
+        .returning(ops.c.id)
     )
-    return int(result.rowcount or 0)
+    return set(result.scalars())
 
 
 def refusal_reasons(conn: Connection, ids: Sequence[int]) -> dict[int, tuple[OperationStatus, str]]:

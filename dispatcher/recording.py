@@ -17,10 +17,12 @@ from dispatcher.transitions import Recorded, Transition
 from outbox.protect import Protection, seal_receipt
 from outbox.records import OperationRecord
 from outbox.states import OperationStatus
-from providers.base import Outcome, Provider
+from providers.base import Capabilities, Outcome, OutcomeKind, Provider, TransportPhase
 
 log = logging.getLogger("outboxd.dispatch")
 S = OperationStatus
+#: Share of the lease held back: a request leaves only within the first 90% of its lease.
+LEASE_SEND_GUARD = 0.1
 
 
 @dataclass
@@ -42,6 +44,12 @@ class InFlight:
     margin) closes. Checked again right before the request leaves: a send delayed past it
     (a full pool, a paused process) is not made, and the row is reconciled instead."""
     not_sent: bool = False
+    lease_until: float = float("inf")
+    """The monotonic instant this worker's lease on the row ends by its own reckoning: the
+    lease time after a clock reading taken *before* the statement that set or extended it,
+    so never later than the lease on the database clock. No request leaves after it unless
+    the lease is renewed first (``dispatcher.leases``)."""
+    lease_lost: bool = False
 
     def db_now(self) -> datetime:
         """The database clock now, read without a round trip: the database's time at the
@@ -50,6 +58,31 @@ class InFlight:
         (retry or not, window still open) is checked again on the database clock at the
         next claim, and right before a re-send leaves."""
         return self.started_at + timedelta(seconds=time.monotonic() - self.t0)
+
+
+def not_sent_outcome(item: InFlight, now: float) -> Outcome | None:
+    """Why ``item`` must not be sent at monotonic instant ``now``, as its outcome — nothing
+    left, "retryable, before the write" — or None: send it."""
+    if item.send_by is not None and now >= item.send_by:
+        item.not_sent = True
+        return _not_sent("DedupWindowPassed", "the receiver's dedup window closed first")
+    if now >= item.lease_until:  # the caller may still renew it (``dispatcher.leases``)
+        item.lease_lost = True
+        return _not_sent("LeaseExpired", "the lease ended before the request left")
+    return None
+
+
+def _not_sent(error_class: str, why: str) -> Outcome:
+    evidence: dict[str, Any] = {"not_sent": True}
+    if error_class == "LeaseExpired":
+        evidence["lease_expired"] = True
+    return Outcome(
+        OutcomeKind.RETRYABLE,
+        transport_phase=TransportPhase.BEFORE_WRITE,
+        error_class=error_class,
+        reason=f"not sent: {why}",
+        evidence=evidence,
+    )
 
 
 @dataclass(frozen=True)
@@ -62,6 +95,24 @@ class WorkerSettings:
     max_payload_bytes: int = 262_144
     protection: Protection | None = None
     """Opens protected payloads before the send; seals receipts of protected providers."""
+
+    @property
+    def lease_send_seconds(self) -> float:
+        """How long after a lease is set or extended a request may still leave: the lease
+        less a tenth, so a send that checks just before its write still writes in time."""
+        return self.lease_seconds * (1.0 - LEASE_SEND_GUARD)
+
+
+def send_deadline(
+    caps: Capabilities, s: WorkerSettings, op: OperationRecord, first: datetime, db_now: datetime
+) -> float | None:
+    """For a blind re-send: the monotonic instant the receiver's dedup window (less the
+    margin) closes, from the database clock at the ``dispatching`` write; else None."""
+    if not outcomes.blind(op.last_outcome):
+        return None
+    usable = caps.dedup_retention_seconds * (1.0 - s.dedup_safety_margin)
+    closes = first + timedelta(seconds=usable)
+    return time.monotonic() + (closes - db_now).total_seconds()
 
 
 def decide(
@@ -77,6 +128,9 @@ def decide(
             dedup_refused=True,
         )
     caps = providers[item.op.provider].capabilities
+    # a send refused because the lease ended first (``lease_lost``) left nothing: its
+    # "retryable, before the write" outcome takes the ordinary path (a blind row's window is
+    # checked again there)
     d = outcomes.decide(
         item.outcome,
         caps=caps,

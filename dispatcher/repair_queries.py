@@ -141,6 +141,14 @@ def unknown_look_again(conn: Connection, *, row: OperationRecord, delay_seconds:
 
 
 def not_found_counts_after(row: OperationRecord, in_flight: float, settle: float) -> datetime:
-    """When a not-found look-up becomes evidence of "not applied" for this row."""
+    """When a not-found look-up becomes evidence of "not applied" for this row.
+
+    No request of the row leaves once it has stopped being ``dispatching``: its sender
+    recorded the outcome after the request returned, or its lease passed first and a sender
+    never writes after its lease (``Worker._send``). So the last request left by the moment
+    the row became ``unknown`` (``updated_at``: a later look-up that finds nothing does not
+    move it) and landed, if at all, within ``in_flight_seconds`` of that. Counting from the
+    attempt's start alone would be wrong for a sender paused between its ``dispatching``
+    commit and its write: its request can leave long after the attempt started."""
     start = row.last_attempt_started_at or row.first_dispatched_at or row.updated_at
-    return start + timedelta(seconds=in_flight + settle)
+    return max(start, row.updated_at) + timedelta(seconds=in_flight + settle)

@@ -18,12 +18,11 @@ from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager
 from dataclasses import replace
-from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy.engine import Connection, Engine
 
-from dispatcher import failpoints, journal, metrics, outcomes
+from dispatcher import failpoints, journal, leases, metrics, outcomes, recording
 from dispatcher import queries as q
 from dispatcher.checks import AuthorityCheck, NoAuthority, pre_dispatch, scan_stored
 from dispatcher.recording import InFlight, WorkerSettings, decide, observe, recorded
@@ -106,6 +105,9 @@ class Worker:
         refused: list[Transition] = []
         events: list[dict[str, Any]] = []
         by_id = {r.id: r for r in rows}
+        # read before the statement that sets the lease: the lease on the database clock
+        # cannot end before this reading + lease_seconds
+        lease_until = time.monotonic() + self.s.lease_send_seconds
         with self.engine.begin() as conn:
             now = q.fetch_db_now(conn)
             passing: list[OperationRecord] = []
@@ -208,7 +210,11 @@ class Worker:
                         m.last_attempt_started_at,
                         digests.get(op.id),
                         payload=payloads.get(op.id),
-                        send_by=self._send_by(op, m.first_dispatched_at, m.last_attempt_started_at),
+                        send_by=recording.send_deadline(
+                            self.providers[op.provider].capabilities, self.s, op,
+                            m.first_dispatched_at, m.last_attempt_started_at,
+                        ),
+                        lease_until=lease_until,
                     )
                 )
             self.authority.consume(conn, [by_id[m.id] for m in marked], token)
@@ -230,28 +236,21 @@ class Worker:
                 )
         return sends
 
-    def _send_by(self, op: OperationRecord, first: datetime, db_now: datetime) -> float | None:
-        if not outcomes.blind(op.last_outcome):
-            return None
-        caps = self.providers[op.provider].capabilities
-        usable = caps.dedup_retention_seconds * (1.0 - self.s.dedup_safety_margin)
-        closes = first + timedelta(seconds=usable)
-        return time.monotonic() + (closes - db_now).total_seconds()
-
     def _send(self, item: InFlight) -> None:
         provider = self.providers[item.op.provider]
         op = item.op
-        if item.send_by is not None and time.monotonic() >= item.send_by:
-            item.not_sent = True
-            item.outcome = Outcome(
-                OutcomeKind.RETRYABLE,
-                transport_phase=TransportPhase.BEFORE_WRITE,
-                error_class="DedupWindowPassed",
-                reason="not sent: the receiver's dedup window closed first",
-                evidence={"not_sent": True},
-            )
+        refusal = recording.not_sent_outcome(item, time.monotonic())
+        if item.lease_lost and leases.renew_before_send(self.engine, item, self.s):
+            item.lease_lost, refusal = False, None  # still ours, for a lease from now
+        if refusal is not None:
+            item.outcome = refusal
+            if item.lease_lost:
+                log.warning("send refused: the lease ended before the request left",
+                            extra={"operation_id": op.operation_id, "tenant": op.tenant_id,
+                                   "fencing_token": item.token})
             self._finish(item)
             return
+        failpoints.hit("before_write")
         payload = item.payload if item.payload is not None else op.payload
         if not isinstance(payload, Mapping):  # admission refuses these; never sent as {}
             payload = {}
@@ -364,25 +363,7 @@ class Worker:
     # -- leases and shutdown -------------------------------------------------------------
     def extend_leases(self) -> None:
         """Renew the leases of sends that outlive a third of their lease."""
-        due_after = self.s.lease_seconds / 3
-        now = time.monotonic()
-        groups: dict[int, list[InFlight]] = defaultdict(list)
-        for item in list(self._inflight.values()):
-            if item.outcome is None and now - item.extended_at >= due_after:
-                groups[item.token].append(item)
-        if not groups:
-            return
-        with self.engine.begin() as conn:
-            for token, group in groups.items():
-                q.lease_extend(
-                    conn,
-                    token=token,
-                    pairs=[(i.op.id, i.revision) for i in group],
-                    lease_seconds=self.s.lease_seconds,
-                )
-        for group in groups.values():
-            for item in group:
-                item.extended_at = now
+        leases.extend(self.engine, list(self._inflight.values()), self.s)
 
     def wait_in_flight(self, timeout: float) -> None:
         """Wait up to ``timeout`` for sends in flight, recording what finishes."""

@@ -225,6 +225,9 @@ class DispatchMachine(RuleBasedStateMachine):
                          .values(next_attempt_at=PAST))
             conn.execute(sa.update(ops).where(ops.c.last_attempt_started_at.isnot(None))
                          .values(last_attempt_started_at=PAST))
+            # and since the rows became ``unknown`` (a not-found counts from then too)
+            conn.execute(sa.update(ops).where(ops.c.status == "unknown")
+                         .values(updated_at=PAST))
 
     @rule()
     def close_window(self) -> None:

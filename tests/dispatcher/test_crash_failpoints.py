@@ -12,6 +12,7 @@ import pytest
 from sqlalchemy.engine import Engine
 
 from tests.dispatcher import (
+    FAST_PROVIDER,
     TENANT,
     all_status,
     assert_once_each,
@@ -25,6 +26,7 @@ from tests.dispatcher import (
     is_stopped,
     key_of,
     on,
+    one_of,
     operation,
     sim_bodies,
     stage,
@@ -244,7 +246,9 @@ def _stale_worker_with_a_response_in_hand_is_fenced(
     ]
 
 
-@pytest.mark.parametrize("dialect", [on("sqlite")])
+# PostgreSQL: the pause is taken in a sending thread, and on SQLite the main thread may
+# hold the database's one write lock at that moment, which would stop replica B as well
+@pytest.mark.parametrize("dialect", [on("postgres")])
 def test_stale_worker_sending_late_is_refused_by_a_fencing_receiver(
     request: pytest.FixtureRequest, tmp_path: Path, dialect: str
 ) -> None:
@@ -256,19 +260,21 @@ def test_stale_worker_sending_late_is_refused_by_a_fencing_receiver(
 def _stale_worker_sending_late_is_refused_by_a_fencing_receiver(
     engine: Engine, db_url: str, tmp_path: Path
 ) -> None:
-    """Replica A commits ``dispatching`` and is SIGSTOPped before sending; B takes over
-    (lease expired -> unknown -> not found -> pending -> applied with a newer token); A
-    resumes and sends with its stale token: the receiver refuses it (412) and A's outcome
-    is recorded as fenced, applied to no row."""
+    """Replica A passes its last lease check and is SIGSTOPped right before the write; B
+    takes over (lease expired -> unknown -> not found -> pending -> applied with a newer
+    token); A resumes and writes with its stale token: the receiver refuses it (412) and
+    A's outcome is recorded as fenced, applied to no row."""
     (op_id,) = stage(engine, 1)
+    # a request timeout long enough for A to hear the answer even on a starved host
+    slow: dict[str, Any] = {"timeout_seconds": 5, "in_flight_seconds": 6}
     with SimProcess(tmp_path, "--enforce-fencing") as sim:
-        cfg_a = config(tmp_path, db_url, sim, worker_id="replica-a", name="a.toml")
-        cfg_b = config(tmp_path, db_url, sim, worker_id="replica-b", name="b.toml")
-        with DaemonProcess(cfg_a, env=failpoints("after_dispatching_commit=stop")) as a:
+        cfg_a = config(tmp_path, db_url, sim, worker_id="replica-a", name="a.toml", **slow)
+        cfg_b = config(tmp_path, db_url, sim, worker_id="replica-b", name="b.toml", **slow)
+        with DaemonProcess(cfg_a, env=failpoints("before_write=stop")) as a:
             wait_until(lambda: is_stopped(a.pid), timeout=20, message="replica A stopped")
             stale_token = operation(engine, op_id)["fencing_token"]
             with DaemonProcess(cfg_b):
-                wait_until(all_status(engine, "applied", 1), timeout=20, message="applied")
+                wait_until(all_status(engine, "applied", 1), timeout=30, message="applied")
                 a.signal(signal.SIGCONT)
                 wait_until(
                     lambda: late_attempts(engine, op_id) != [],
@@ -277,13 +283,61 @@ def _stale_worker_sending_late_is_refused_by_a_fencing_receiver(
                 )
         assert_once_each(sim, [op_id])
         stats = sim.stats()
-        assert stats["fenced"] == 1
-        assert stats["requests"] == 2
+        assert (stats["fenced"], stats["requests"]) == (1, 2)
     row = operation(engine, op_id)
     assert row["status"] == "applied" and row["fencing_token"] > stale_token
     late = late_attempts(engine, op_id)
     assert [(x["fencing_token"], x["status_code"], x["evidence"].get("fenced")) for x in late] == [
         (stale_token, 412, True)
-    ]
+    ], late
     assert fencing_monotonic(engine) == []
     assert row["tenant_id"] == TENANT
+
+
+@pytest.mark.parametrize("dialect", [on("sqlite"), on("postgres")])
+def test_worker_paused_past_its_lease_does_not_send(
+    request: pytest.FixtureRequest, tmp_path: Path, dialect: str
+) -> None:
+    db_url = url_for(request, dialect)
+    with engine_at(db_url) as engine:
+        _worker_paused_past_its_lease_does_not_send(engine, db_url, tmp_path)
+
+
+def _worker_paused_past_its_lease_does_not_send(
+    engine: Engine, db_url: str, tmp_path: Path
+) -> None:
+    """Replica A commits ``dispatching`` and is SIGSTOPped before its send; B recovers the
+    row (``unknown``), counts a not-found look-up only ``in_flight_seconds`` after the row
+    became ``unknown`` (not after the attempt started: A's request could still leave), and
+    sends with a newer token. The receiver (no fencing here) keeps keys 2 s and forgets
+    B's. A resumes past its lease and sends nothing — a request from it would be a second
+    effect. Found by the chaos suite (seed 20240601)."""
+    (op_id,) = stage(engine, 1)
+    with SimProcess(tmp_path, "--retention-seconds", "2") as sim:
+        cfg_a = config(tmp_path, db_url, sim, worker_id="replica-a", name="a.toml",
+                       dedup_retention_seconds=2)
+        cfg_b = config(tmp_path, db_url, sim, worker_id="replica-b", name="b.toml",
+                       dedup_retention_seconds=2)
+        with DaemonProcess(cfg_a, env=failpoints("after_dispatching_commit=stop")) as a:
+            wait_until(lambda: is_stopped(a.pid), timeout=20, message="replica A stopped")
+            stale_token = operation(engine, op_id)["fencing_token"]
+            with DaemonProcess(cfg_b):
+                wait_until(all_status(engine, "applied", 1), timeout=20, message="applied")
+            wait_until(lambda: sim.prune(all_keys=False) == 1, timeout=20,
+                       message="the receiver forgot B's key")
+            a.signal(signal.SIGCONT)
+            wait_until(lambda: late_attempts(engine, op_id) != [], timeout=20,
+                       message="A's late attempt recorded")
+            assert a.alive()
+        assert_once_each(sim, [op_id])
+        stats = sim.stats()
+        assert stats["requests"] == 1 and stats.get("fenced", 0) == 0
+    late = late_attempts(engine, op_id)
+    assert [(x["fencing_token"], x["status_code"], x["evidence"].get("lease_expired"))
+            for x in late] == [(stale_token, None, True)]
+    events = events_of(engine, op_id)
+    became_unknown = one_of([e for e in events if e["to_status"] == "unknown"])
+    counted = one_of([e for e in events if e["reason"] == "reconciled_not_applied"])
+    in_flight = FAST_PROVIDER["in_flight_seconds"]
+    assert (counted["created_at"] - became_unknown["created_at"]).total_seconds() >= in_flight
+    assert fencing_monotonic(engine) == []

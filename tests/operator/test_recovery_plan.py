@@ -5,6 +5,7 @@ killed at failpoints (SQLite, against the real sim); the rest run on both dialec
 from __future__ import annotations
 
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -12,11 +13,11 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from dispatcher.recovery import LeaseRecovery
-from outbox import approvals, db, recovery
+from outbox import approvals, db, recovery, schema
 from outbox.api import cancel_task
 from outbox.errors import TaskNotFound
 from outbox.recovery import Step
-from tests.dispatcher import config, drain_once, failpoints
+from tests.dispatcher import FAST_PROVIDER, config, db_now, drain_once, failpoints
 from tests.operator import TENANT, make_blocked, make_unknown, stage
 from tests.support.daemon import run_once, wait_until
 from tests.support.sim import SimProcess
@@ -120,7 +121,14 @@ def test_crash_rows_through_the_real_dispatcher(tmp_path: Path, sim: SimProcess)
         [o] = plan(engine, "task-crash").operations
         assert (o.evidence.status, o.step) == ("unknown", Step.RECONCILE)
 
-        # Resume: reconciliation (not found, counted after in_flight) -> one send.
+        # Resume: reconciliation (not found, counted in_flight_seconds after the row became
+        # unknown) -> one send.
+        with engine.connect() as conn:
+            became_unknown = conn.execute(
+                sa.select(schema.operations.c.updated_at)).scalar_one()
+        counts_from = became_unknown + timedelta(
+            seconds=FAST_PROVIDER["in_flight_seconds"])
+        wait_until(lambda: db_now(engine) >= counts_from, timeout=10)
         drain_once(cfg)
         p = plan(engine, "task-crash")
         [o] = p.operations
