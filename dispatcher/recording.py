@@ -68,20 +68,18 @@ def not_sent_outcome(item: InFlight, now: float) -> Outcome | None:
         return _not_sent("DedupWindowPassed", "the receiver's dedup window closed first")
     if now >= item.lease_until:  # the caller may still renew it (``dispatcher.leases``)
         item.lease_lost = True
-        return _not_sent("LeaseExpired", "the lease ended before the request left")
+        return _not_sent("LeaseExpired", "the lease ended before the request left",
+                         lease_expired=True)
     return None
 
 
-def _not_sent(error_class: str, why: str) -> Outcome:
-    evidence: dict[str, Any] = {"not_sent": True}
-    if error_class == "LeaseExpired":
-        evidence["lease_expired"] = True
+def _not_sent(error_class: str, why: str, **evidence: Any) -> Outcome:
     return Outcome(
         OutcomeKind.RETRYABLE,
         transport_phase=TransportPhase.BEFORE_WRITE,
         error_class=error_class,
         reason=f"not sent: {why}",
-        evidence=evidence,
+        evidence={"not_sent": True, **evidence},
     )
 
 
