@@ -265,7 +265,7 @@ def _stale_worker_sending_late_is_refused_by_a_fencing_receiver(
     token); A resumes and writes with its stale token: the receiver refuses it (412) and
     A's outcome is recorded as fenced, applied to no row."""
     (op_id,) = stage(engine, 1)
-    # a request timeout long enough for A to hear the answer even on a starved host
+    # a request timeout long enough for A to hear the answer on a busy host
     slow: dict[str, Any] = {"timeout_seconds": 5, "in_flight_seconds": 6}
     with SimProcess(tmp_path, "--enforce-fencing") as sim:
         cfg_a = config(tmp_path, db_url, sim, worker_id="replica-a", name="a.toml", **slow)
@@ -286,10 +286,12 @@ def _stale_worker_sending_late_is_refused_by_a_fencing_receiver(
         assert (stats["fenced"], stats["requests"]) == (1, 2)
     row = operation(engine, op_id)
     assert row["status"] == "applied" and row["fencing_token"] > stale_token
-    late = late_attempts(engine, op_id)
-    assert [(x["fencing_token"], x["status_code"], x["evidence"].get("fenced")) for x in late] == [
-        (stale_token, 412, True)
-    ], late
+    # the receiver refused the stale write (its count above); A's record of it moved no row.
+    # A normally records the 412; seen on a loaded CI host: A, just resumed, got no
+    # complete answer (recorded ambiguous) although the receiver had refused and answered
+    [late] = late_attempts(engine, op_id)
+    assert (late["fencing_token"], late["evidence"].get("fenced")) == (stale_token, True)
+    assert late["status_code"] in (412, None), late
     assert fencing_monotonic(engine) == []
     assert row["tenant_id"] == TENANT
 
