@@ -19,6 +19,7 @@ from sqlalchemy.engine import Connection
 from dispatcher import outcomes
 from outbox.admission import admit
 from outbox.artifacts import ArtifactStore
+from outbox.decoding import PAYLOAD_UNDECODABLE, Undecodable
 from outbox.protect import EnvelopeError, Protection, is_envelope, open_payload
 from outbox.records import OperationRecord
 from outbox.secrets import SecretFinding, find_secrets_many
@@ -93,6 +94,8 @@ def pre_dispatch(
     """The dispatcher's own checks for one claimed row (no database I/O; an artifact is
     read from ``artifacts``). A protected payload is opened here, in memory only, so
     admission re-checks the plaintext's digest and what is sent is the plaintext."""
+    if isinstance(op.payload, Undecodable):  # first: nothing below may touch its content
+        return Verdict(S.BLOCKED, PAYLOAD_UNDECODABLE, detail=op.payload.describe())
     try:
         plain = open_payload(protection, op)
     except EnvelopeError as exc:

@@ -21,7 +21,7 @@ from sqlalchemy.dialects import postgresql as pg
 from sqlalchemy.sql.type_api import TypeEngine
 
 from outbox import schema
-from outbox.records import OPERATION_FIELDS
+from outbox.records import OPERATION_FIELDS, RAW_JSON_FIELDS
 from outbox.states import OperationStatus
 from outbox.types import db_now
 
@@ -125,7 +125,19 @@ def claim(eligible: Any) -> Any:
         .cte("claimed")
     )
     events = _events_of(claimed, "pending", sa.literal_column(f"'{S.CLAIMED.value}'"))
-    return sa.select(*(claimed.c[name] for name in OPERATION_FIELDS)).add_cte(events)
+    return sa.select(*claimed_columns(claimed)).add_cte(events)
+
+
+def claimed_columns(source: Any) -> list[Any]:
+    """The claim's result columns, :data:`OPERATION_FIELDS` in order, with the JSON ones
+    read as text: the driver never decodes a row's content, so one undecodable value
+    cannot fail the batch (each row is decoded by
+    :meth:`outbox.records.OperationRecord.from_raw_values`)."""
+    return [
+        sa.cast(source.c[name], sa.Text()).label(name) if name in RAW_JSON_FIELDS
+        else source.c[name]
+        for name in OPERATION_FIELDS
+    ]
 
 
 @functools.cache

@@ -23,7 +23,7 @@ from sqlalchemy.engine import Connection
 from dispatcher import journal, pg_batch
 from dispatcher.transitions import Dispatching, Recorded, Transition
 from outbox import schema
-from outbox.records import OPERATION_FIELDS, OperationRecord
+from outbox.records import OperationRecord
 from outbox.states import NON_TERMINAL, OperationStatus
 from outbox.types import JSONType, db_now, is_due
 
@@ -143,11 +143,11 @@ def operation_claim_batch(
                     state_revision=ops.c.state_revision + 1,
                     updated_at=db_now(),
                 )
-                .returning(*(ops.c[name] for name in OPERATION_FIELDS))
+                .returning(*pg_batch.claimed_columns(ops))
             )
             .all()
         )
-    records = sorted((OperationRecord.from_values(r) for r in rows), key=lambda r: r.id)
+    records = sorted((OperationRecord.from_raw_values(r) for r in rows), key=lambda r: r.id)
     if records and not _pg(conn):
         journal.transitions_from_rows(
             conn, [r.id for r in records], from_status="pending", to_status="claimed", actor=worker

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from outbox import artifacts as _artifacts
+from outbox import decoding
 from outbox.digest import canonical_json, digest_of_canonical
 from outbox.errors import SecretInPayload
 from outbox.records import OperationRecord
@@ -22,6 +23,7 @@ UNKNOWN_PROVIDER = "unknown_provider"
 PAYLOAD_NOT_OBJECT = "payload_not_object"
 PAYLOAD_TOO_LARGE = "payload_too_large"
 PAYLOAD_INVALID = "payload_invalid"
+PAYLOAD_UNDECODABLE = decoding.PAYLOAD_UNDECODABLE
 CREDENTIAL_IN_PAYLOAD = "credential_in_payload"
 DIGEST_MISMATCH = "digest_mismatch"
 ARTIFACT_MISSING = _artifacts.ARTIFACT_MISSING

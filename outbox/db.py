@@ -18,7 +18,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.orm import Session
 
-from outbox import errors
+from outbox import decoding, errors
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 
@@ -79,6 +79,8 @@ def _configure_sqlite(engine: Engine) -> None:
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_conn: Any, _rec: Any) -> None:
         dbapi_conn.isolation_level = None  # we issue BEGIN ourselves
+        # text that is not UTF-8 is read (and parked) instead of failing the statement
+        dbapi_conn.text_factory = decoding.sqlite_text
         cur = dbapi_conn.cursor()
         cur.execute("PRAGMA journal_mode=WAL")
         cur.execute("PRAGMA synchronous=FULL")

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field, fields
 from datetime import datetime
 from typing import Any, Self
 
+from outbox import decoding
 from outbox.states import OperationStatus
 
 _FIELD_NAMES: dict[type[Any], frozenset[str]] = {}
@@ -69,10 +70,37 @@ class OperationRecord:
         values[_APPROVAL_AT] = bool(values[_APPROVAL_AT])
         return cls(*values)
 
+    @classmethod
+    def from_raw_values(cls, row: Sequence[Any]) -> Self:
+        """Like :meth:`from_values`, but ``payload`` and ``receipt`` arrive as the stored
+        text and are decoded here, one row at a time (:mod:`outbox.decoding`): a value that
+        cannot be decoded, or a text column whose bytes are not UTF-8, becomes an
+        :class:`~outbox.decoding.Undecodable` ``payload`` instead of failing the batch."""
+        values = list(row)
+        for at in _JSON_AT:
+            values[at] = decoding.decode_json(values[at], OPERATION_FIELDS[at])
+        bad_text = next(
+            (n for n, v in zip(OPERATION_FIELDS, values, strict=True)
+             if isinstance(v, decoding.NotUtf8)),
+            None,
+        )
+        if bad_text is not None:
+            values[_PAYLOAD_AT] = decoding.Undecodable(bad_text, "stored bytes are not valid UTF-8")
+        elif isinstance(values[_RECEIPT_AT], decoding.Undecodable):
+            values[_PAYLOAD_AT] = values[_RECEIPT_AT]
+        values[_STATUS_AT] = OperationStatus(values[_STATUS_AT])
+        values[_APPROVAL_AT] = bool(values[_APPROVAL_AT])
+        return cls(*values)
+
 
 OPERATION_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(OperationRecord))
 _STATUS_AT = OPERATION_FIELDS.index("status")
 _APPROVAL_AT = OPERATION_FIELDS.index("requires_approval")
+_PAYLOAD_AT = OPERATION_FIELDS.index("payload")
+_RECEIPT_AT = OPERATION_FIELDS.index("receipt")
+_JSON_AT = (_PAYLOAD_AT, _RECEIPT_AT)
+RAW_JSON_FIELDS = frozenset({"payload", "receipt"})
+"""Columns the dispatcher's claim reads as text and decodes per row."""
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,139 @@
+"""Stored values the dispatcher decodes itself, one row at a time.
+
+A database can hold values that a driver or Python's JSON decoder refuses or cannot
+represent: JSON nested deeper than Python recurses, integers longer than Python parses,
+escapes of lone UTF-16 surrogates, and (SQLite) ``TEXT`` bytes that are not UTF-8. Read
+through the driver's own decoders, one such value fails the whole result set, so one row
+would halt every batch that claims it. The dispatcher therefore reads its per-row JSON
+columns as text and decodes each row here: a value that cannot be decoded becomes an
+:class:`Undecodable` in its place, the row is parked ``blocked`` ``payload_undecodable``,
+and the rest of the batch goes on.
+
+:data:`MAX_JSON_DEPTH` is the nesting the dispatcher accepts; the schema refuses deeper
+payloads at INSERT (see ``docs/plain-sql.md``) and the agent API before anything is written.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+MAX_JSON_DEPTH = 64
+"""Containers nested inside each other, the outermost counting as 1."""
+
+PAYLOAD_UNDECODABLE = "payload_undecodable"
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89abAB][0-9a-fA-F]{2}|\\u[dD][c-fC-F][0-9a-fA-F]{2}")
+
+
+@dataclass(frozen=True)
+class Undecodable:
+    """In place of a value that could not be decoded: which column, and why in words
+    (never the value itself)."""
+
+    column: str
+    why: str
+
+    def describe(self) -> str:
+        return f"{self.column}: {self.why}"
+
+
+class NotUtf8(str):
+    """SQLite ``TEXT`` whose bytes are not UTF-8, decoded with ``surrogateescape`` so the
+    row can still be read and parked (the connection's ``text_factory``)."""
+
+
+def sqlite_text(data: bytes) -> str:
+    """``text_factory`` for SQLite connections: UTF-8, and a :class:`NotUtf8` for bytes
+    that are not (instead of an error that fails the whole statement)."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return NotUtf8(data.decode("utf-8", "surrogateescape"))
+
+
+def json_depth_over(value: Any, limit: int = MAX_JSON_DEPTH) -> bool:
+    """Whether containers in ``value`` nest deeper than ``limit`` (iterative: any depth)."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            children: Any = item.values()
+        elif isinstance(item, list | tuple):
+            children = item
+        else:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((c, depth + 1) for c in children if isinstance(c, dict | list | tuple))
+    return False
+
+
+def unencodable_string(value: Any) -> bool:
+    """Whether a string (or key) in ``value`` cannot be encoded as UTF-8 (lone surrogates)."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                return True
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list | tuple):
+            stack.extend(item)
+    return False
+
+
+def shape_problem(value: Any) -> str | None:
+    """Why a decoded JSON value cannot be dispatched as is, or None."""
+    if json_depth_over(value):
+        return f"nested deeper than {MAX_JSON_DEPTH} levels"
+    if unencodable_string(value):
+        return "a string is not encodable as UTF-8 (lone surrogate)"
+    return None
+
+
+def decode_json(raw: str | bytes | None, column: str) -> Any:
+    """The value of a JSON column read as text, or an :class:`Undecodable`."""
+    if raw is None:
+        return None
+    if isinstance(raw, NotUtf8):
+        return Undecodable(column, "stored bytes are not valid UTF-8")
+    if isinstance(raw, bytes):
+        try:
+            raw = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            return Undecodable(column, "stored bytes are not valid UTF-8")
+    try:
+        value = json.loads(raw)
+    except RecursionError:
+        return Undecodable(column, f"nested deeper than {MAX_JSON_DEPTH} levels")
+    except ValueError as exc:  # malformed text, or an integer longer than Python parses
+        return Undecodable(column, _value_error(exc))
+    if isinstance(value, dict | list):
+        if json_depth_over(value):
+            return Undecodable(column, f"nested deeper than {MAX_JSON_DEPTH} levels")
+        if _SURROGATE_ESCAPE.search(raw) and unencodable_string(value):
+            return Undecodable(column, "a string is a lone UTF-16 surrogate escape")
+    return value
+
+
+def _value_error(exc: ValueError) -> str:
+    text = str(exc)
+    if "digits" in text:  # Python's int-string conversion limit
+        return "an integer has more digits than Python parses"
+    if isinstance(exc, json.JSONDecodeError):
+        return f"not valid JSON ({exc.msg})"
+    return type(exc).__name__
+
+
+def text_problem(row: Any) -> str | None:
+    """The first column of a row read from SQLite whose text is not UTF-8, or None."""
+    for value in row:
+        if isinstance(value, NotUtf8):
+            return "a text column's stored bytes are not valid UTF-8"
+    return None

@@ -1,0 +1,110 @@
+"""Values a database stores but a driver or Python's JSON decoder cannot take (deep
+nesting, bytes that are not UTF-8, integers longer than Python will parse) are one row's
+problem: that row is parked ``blocked`` ``payload_undecodable``, never sent, and every
+other row of its batch and of later batches is applied by the same running daemon."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+
+from tests.dispatcher import assert_once_each, config, events_of, key_of
+from tests.support.daemon import DaemonProcess, settled, wait_until
+from tests.support.sim import SimProcess
+
+GOOD = [f"good-{i:02d}" for i in range(10)]
+
+
+def _deep(levels: int) -> str:
+    return '{"a": ' + "[" * levels + "]" * levels + "}"
+
+
+def _undecodable(dialect: str) -> dict[str, str]:
+    """operation id -> an SQL expression for a payload the database accepts as stored
+    but the dispatcher cannot decode."""
+    long_int = '{"n": ' + "7" * 5000 + "}"  # Python refuses to parse over 4300 digits
+    if dialect == "postgresql":
+        return {
+            "bad-deep": f"CAST('{_deep(5000)}' AS jsonb)",
+            "bad-long-int": f"CAST('{long_int}' AS jsonb)",
+        }
+    # SQLite: a TEXT value holding bytes that are not UTF-8 (0xff) inside a JSON string
+    not_utf8 = b'{"note": "caf'.hex() + "ff" + b'"}'.hex()
+    return {
+        "bad-not-utf8": f"CAST(X'{not_utf8}' AS TEXT)",
+        "bad-long-int": f"'{long_int}'",
+    }
+
+
+def _insert(engine: Engine, operation_id: str, payload_sql: str) -> None:
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text(
+                "INSERT INTO outbox_operations (tenant_id, task_id, operation_id, provider, "
+                f"payload) VALUES ('t1', 'raw-task', :op, 'sim', {payload_sql})"
+            ),
+            {"op": operation_id},
+        )
+
+
+def _insert_good(engine: Engine, operation_id: str, n: int) -> None:
+    cast = "CAST(:p AS jsonb)" if engine.dialect.name == "postgresql" else ":p"
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text(
+                "INSERT INTO outbox_operations (tenant_id, task_id, operation_id, provider, "
+                f"payload) VALUES ('t1', 'raw-task', :op, 'sim', {cast})"
+            ),
+            {"op": operation_id, "p": json.dumps({"n": n})},
+        )
+
+
+@pytest.mark.slow
+def test_an_undecodable_row_is_parked_and_its_batch_is_dispatched(
+    db_url: str, engine: Engine, tmp_path: Path
+) -> None:
+    bad = _undecodable(engine.dialect.name)
+    for i, op_id in enumerate(GOOD):
+        _insert_good(engine, op_id, i)
+        if i == 4:  # in the middle of the first batch
+            for bad_id, payload_sql in bad.items():
+                _insert(engine, bad_id, payload_sql)
+    total = len(GOOD) + len(bad)
+    with SimProcess(tmp_path) as sim:
+        cfg = config(tmp_path, db_url, sim, lease_seconds=5)
+        with DaemonProcess(cfg) as d:
+            wait_until(lambda: settled(engine, total), timeout=30, message="settled")
+            assert d.alive()
+            _insert_good(engine, "good-late", 99)  # still serving later batches
+            wait_until(lambda: settled(engine, total + 1), timeout=30, message="late row")
+            assert d.alive()
+        assert_once_each(sim, [*GOOD, "good-late"])
+        assert not any(key_of(b) in sim.stats()["effects_per_key"] for b in bad)
+
+    with engine.connect() as conn:  # not the payload: the test's own reader would fail on it
+        ops = {
+            r.operation_id: r._asdict()
+            for r in conn.execute(sa.text(
+                "SELECT operation_id, status, status_reason, attempts FROM outbox_operations"
+            ))
+        }
+    for bad_id in bad:
+        assert (ops[bad_id]["status"], ops[bad_id]["status_reason"]) == (
+            "blocked",
+            "payload_undecodable",
+        ), bad_id
+        assert ops[bad_id]["attempts"] == 0  # never sent
+        blocked: list[dict[str, Any]] = [
+            e for e in events_of(engine, bad_id) if e["to_status"] == "blocked"
+        ]
+        assert len(blocked) == 1
+        detail = blocked[0]["detail"]
+        if isinstance(detail, str):
+            detail = json.loads(detail)
+        assert detail["detail"]  # why, in words; never the body
+        assert "7777" not in json.dumps(detail) and "caf" not in json.dumps(detail)

@@ -1,0 +1,72 @@
+"""outbox.decoding: a stored JSON value decodes, or says why not, never raises."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from outbox.decoding import (
+    MAX_JSON_DEPTH,
+    NotUtf8,
+    Undecodable,
+    decode_json,
+    json_depth_over,
+    sqlite_text,
+)
+
+
+def _nested(levels: int) -> str:
+    return "[" * levels + "]" * levels
+
+
+@pytest.mark.parametrize(
+    ("raw", "why"),
+    [
+        ('{"a": ' + _nested(5000) + "}", "nested deeper"),
+        ('{"a": ' + _nested(MAX_JSON_DEPTH) + "}", "nested deeper"),
+        ('{"n": ' + "9" * 5000 + "}", "more digits"),
+        ('{"s": "\\ud800"}', "lone UTF-16 surrogate"),
+        ('{"s": "\\udfff x"}', "lone UTF-16 surrogate"),
+        (b'{"s": "caf\xff"}', "not valid UTF-8"),
+        (sqlite_text(b'{"s": "caf\xff"}'), "not valid UTF-8"),
+        ("{not json", "not valid JSON"),
+    ],
+)
+def test_what_cannot_be_decoded_says_why_and_not_what(raw: str | bytes, why: str) -> None:
+    value = decode_json(raw, "payload")
+    assert isinstance(value, Undecodable)
+    assert why in value.why
+    assert value.describe().startswith("payload: ")
+    assert "999" not in value.describe() and "caf" not in value.describe()
+
+
+def test_the_deepest_accepted_payload_decodes() -> None:
+    raw = '{"a": ' + _nested(MAX_JSON_DEPTH - 1) + "}"
+    assert not isinstance(decode_json(raw, "payload"), Undecodable)
+    assert json_depth_over(json.loads(raw), MAX_JSON_DEPTH - 1)
+
+
+def test_a_surrogate_pair_is_one_character_not_a_lone_surrogate() -> None:
+    assert decode_json('{"s": "\\ud83d\\ude00"}', "payload") == {"s": "\U0001f600"}
+
+
+def test_sqlite_text_marks_bytes_that_are_not_utf8() -> None:
+    assert type(sqlite_text("café".encode())) is str
+    assert isinstance(sqlite_text(b"caf\xff"), NotUtf8)
+
+
+@given(st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
+    max_leaves=30,
+))
+def test_anything_python_wrote_decodes_to_itself(value: object) -> None:
+    raw = json.dumps(value)
+    decoded = decode_json(raw, "payload")
+    if isinstance(decoded, Undecodable):  # only lone surrogates from st.text()
+        assert "surrogate" in decoded.why
+    else:
+        assert decoded == value
