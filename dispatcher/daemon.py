@@ -197,12 +197,9 @@ class Daemon:
                 recorded = self.worker.record_done()
                 self.worker.extend_leases()
                 backoff = 0.0
-            except sa.exc.DBAPIError as exc:
+            except Exception as exc:  # never crash the fleet: see outbox.db.is_outage
                 backoff = min(MAX_BACKOFF_SECONDS, max(0.1, backoff * 2))
-                log.warning(
-                    "database unavailable; backing off",
-                    extra={"error": type(exc.orig or exc).__name__, "count": backoff},
-                )
+                self._cycle_failed(exc, backoff)
                 self.stopping.wait(backoff)
                 continue
             if once and claimed == 0 and recorded == 0 and self.worker.in_flight() == 0:
@@ -210,6 +207,23 @@ class Daemon:
             if claimed == 0 and recorded == 0:
                 self.worker.kick.wait(RECORD_LINGER_SECONDS if self.worker.has_done() else poll)
                 self.worker.kick.clear()
+
+    @staticmethod
+    def _cycle_failed(exc: Exception, backoff: float) -> None:
+        """An outage is waited out quietly; any other error is logged with its class (one
+        line, no row content) and counted, and the cycle is tried again after the same
+        back-off so a persistent one cannot spin."""
+        orig = exc.orig if isinstance(exc, sa.exc.DBAPIError) else None
+        error = type(orig or exc).__name__
+        if db.is_outage(exc):
+            metrics.CYCLE_ERRORS.labels("outage").inc()
+            log.warning("database unavailable; backing off",
+                        extra={"error": error, "count": backoff})
+            return
+        metrics.CYCLE_ERRORS.labels("error").inc()
+        log.error("dispatch cycle failed; retrying",
+                  extra={"error": error, "sqlstate": getattr(orig, "sqlstate", None),
+                         "count": backoff})
 
     def _guarded(self, what: str, fn: Callable[[], object]) -> None:
         try:

@@ -29,6 +29,7 @@ FIELDS = (
     "url",
     "revision",
     "error",
+    "sqlstate",
     "phase",
 )
 

@@ -87,6 +87,13 @@ FENCING_REJECTIONS = Counter(
     "Writes of a stale worker that matched no row (never applied).",
     registry=REGISTRY,
 )
+CYCLE_ERRORS = Counter(
+    "outbox_dispatch_cycle_errors_total",
+    "Dispatch cycles that failed, by kind: outage (the database could not be reached; "
+    "backed off) or error (anything else: logged with its class; the cycle is retried).",
+    ["kind"],
+    registry=REGISTRY,
+)
 LEASE_EXPIRATIONS = Counter(
     "outbox_lease_expirations_total",
     "Leases that expired, by the phase they expired in.",
@@ -127,6 +134,8 @@ def init_labels(providers: Iterable[str]) -> None:
     """Create every known series at zero for the configured providers."""
     for phase in LEASE_PHASES:
         LEASE_EXPIRATIONS.labels(phase)
+    for kind in ("outage", "error"):
+        CYCLE_ERRORS.labels(kind)
     for provider in providers:
         for outcome in OUTCOMES:
             DISPATCH_ATTEMPTS.labels(provider, outcome)

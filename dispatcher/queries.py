@@ -143,7 +143,7 @@ def operation_claim_batch(
                     state_revision=ops.c.state_revision + 1,
                     updated_at=db_now(),
                 )
-                .returning(*pg_batch.claimed_columns(ops))
+                .returning(*pg_batch.claimed_columns(ops, raw_times=True))
             )
             .all()
         )

@@ -21,6 +21,8 @@ from sqlalchemy.orm import Session
 from outbox import decoding, errors
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
+# primary result codes: BUSY, LOCKED, NOMEM, IOERR, FULL, CANTOPEN, PROTOCOL
+_SQLITE_OUTAGE_CODES = frozenset({5, 6, 7, 10, 13, 14, 15})
 
 
 def normalise_url(url: str) -> str:
@@ -63,6 +65,11 @@ def create_engine(
         connect_args={"connect_timeout": max(1, int(connect_timeout))},
         **kwargs,
     )
+
+    @event.listens_for(engine, "connect")
+    def _time_loaders(dbapi_conn: Any, _rec: Any) -> None:
+        decoding.register_pg_time_loaders(dbapi_conn)
+
     if schema:
         engine = engine.execution_options(schema_translate_map={None: schema})
 
@@ -95,6 +102,22 @@ def _configure_sqlite(engine: Engine) -> None:
 
 def is_sqlite(conn: Connection | Engine) -> bool:
     return conn.dialect.name == "sqlite"
+
+
+def is_outage(exc: BaseException) -> bool:
+    """Whether ``exc`` means the database could not be used at all (connection refused
+    or lost, server shutting down, SQLite busy or locked): the dispatcher backs off and
+    tries again. Anything else (a statement's error, a bug) is not an outage: waiting for
+    the database would not fix it, and a row's content never reaches this point (rows are
+    decoded one at a time, :mod:`outbox.decoding`)."""
+    if isinstance(exc, sa.exc.DBAPIError) and exc.connection_invalidated:
+        return True
+    code = getattr(getattr(exc, "orig", None), "sqlite_errorcode", None)
+    if code is not None:  # SQLite says OperationalError for bad statements too
+        return code & 0xFF in _SQLITE_OUTAGE_CODES
+    return isinstance(
+        exc, sa.exc.OperationalError | sa.exc.InterfaceError | sa.exc.DisconnectionError
+    )
 
 
 def translate(exc: sa.exc.DBAPIError) -> errors.OutboxError | None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 MAX_JSON_DEPTH = 64
@@ -137,3 +138,50 @@ def text_problem(row: Any) -> str | None:
         if isinstance(value, NotUtf8):
             return "a text column's stored bytes are not valid UTF-8"
     return None
+
+
+LATEST = datetime.max.replace(tzinfo=UTC)
+EARLIEST = datetime.min.replace(tzinfo=UTC)
+
+
+def parse_time(text: str, column: str) -> datetime | Undecodable:
+    """A timestamp stored as text (SQLite), in any ISO 8601 form, as an aware UTC
+    datetime; an :class:`Undecodable` for text that is not one."""
+    if isinstance(text, NotUtf8):
+        return Undecodable(column, "stored bytes are not valid UTF-8")
+    try:
+        value = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return Undecodable(column, "not an ISO 8601 timestamp")
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+def register_pg_time_loaders(connection: Any) -> None:
+    """PostgreSQL ``timestamptz`` values Python cannot represent (``infinity``,
+    ``-infinity``, years after 9999 or before 1) read as the latest / earliest datetime
+    instead of failing the whole statement: they compare the same way in the dispatcher
+    (an ``infinity`` deadline never passes, a ``-infinity`` one has passed)."""
+    from psycopg.errors import DataError
+    from psycopg.types.datetime import TimestamptzBinaryLoader, TimestamptzLoader
+
+    class Clamped(TimestamptzLoader):
+        def load(self, data: Any) -> datetime:
+            raw = bytes(data)
+            if raw == b"infinity":
+                return LATEST
+            if raw == b"-infinity":
+                return EARLIEST
+            try:
+                return super().load(data)
+            except DataError:
+                return EARLIEST if raw.endswith(b"BC") else LATEST
+
+    class ClampedBinary(TimestamptzBinaryLoader):
+        def load(self, data: Any) -> datetime:
+            try:
+                return super().load(data)
+            except DataError:
+                return EARLIEST if bytes(data)[:1] >= b"\x80" else LATEST
+
+    connection.adapters.register_loader("timestamptz", Clamped)
+    connection.adapters.register_loader("timestamptz", ClampedBinary)

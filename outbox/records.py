@@ -79,15 +79,23 @@ class OperationRecord:
         values = list(row)
         for at in _JSON_AT:
             values[at] = decoding.decode_json(values[at], OPERATION_FIELDS[at])
+        problem: decoding.Undecodable | None = None
+        for at in _TIME_AT:  # SQLite's timestamps arrive as the stored text
+            if isinstance(values[at], str):
+                values[at] = decoding.parse_time(values[at], OPERATION_FIELDS[at])
+            if isinstance(values[at], decoding.Undecodable):
+                problem, values[at] = values[at], None
         bad_text = next(
             (n for n, v in zip(OPERATION_FIELDS, values, strict=True)
              if isinstance(v, decoding.NotUtf8)),
             None,
         )
         if bad_text is not None:
-            values[_PAYLOAD_AT] = decoding.Undecodable(bad_text, "stored bytes are not valid UTF-8")
+            problem = decoding.Undecodable(bad_text, "stored bytes are not valid UTF-8")
         elif isinstance(values[_RECEIPT_AT], decoding.Undecodable):
-            values[_PAYLOAD_AT] = values[_RECEIPT_AT]
+            problem = values[_RECEIPT_AT]
+        if problem is not None and not isinstance(values[_PAYLOAD_AT], decoding.Undecodable):
+            values[_PAYLOAD_AT] = problem  # the row is parked for it: see dispatcher.checks
         values[_STATUS_AT] = OperationStatus(values[_STATUS_AT])
         values[_APPROVAL_AT] = bool(values[_APPROVAL_AT])
         return cls(*values)
@@ -101,6 +109,11 @@ _RECEIPT_AT = OPERATION_FIELDS.index("receipt")
 _JSON_AT = (_PAYLOAD_AT, _RECEIPT_AT)
 RAW_JSON_FIELDS = frozenset({"payload", "receipt"})
 """Columns the dispatcher's claim reads as text and decodes per row."""
+RAW_TIME_FIELDS = frozenset(
+    f.name for f in fields(OperationRecord) if "datetime" in str(f.type)
+)
+"""Timestamps, read as text on SQLite (where they are text) and parsed per row."""
+_TIME_AT = tuple(OPERATION_FIELDS.index(n) for n in sorted(RAW_TIME_FIELDS))
 
 
 @dataclass(frozen=True)

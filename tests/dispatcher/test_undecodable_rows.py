@@ -24,32 +24,56 @@ def _deep(levels: int) -> str:
     return '{"a": ' + "[" * levels + "]" * levels + "}"
 
 
-def _undecodable(dialect: str) -> dict[str, str]:
-    """operation id -> an SQL expression for a payload the database accepts as stored
-    but the dispatcher cannot decode."""
+def _undecodable(dialect: str) -> dict[str, dict[str, str]]:
+    """operation id -> SQL expressions for columns the database accepts as stored but
+    the dispatcher cannot decode (a row without ``payload`` gets a good one)."""
     long_int = '{"n": ' + "7" * 5000 + "}"  # Python refuses to parse over 4300 digits
     if dialect == "postgresql":
         return {
-            "bad-deep": f"CAST('{_deep(5000)}' AS jsonb)",
-            "bad-long-int": f"CAST('{long_int}' AS jsonb)",
+            "bad-deep": {"payload": f"CAST('{_deep(5000)}' AS jsonb)"},
+            "bad-long-int": {"payload": f"CAST('{long_int}' AS jsonb)"},
+            "bad-receipt": {"receipt": f"CAST('{long_int}' AS jsonb)"},
         }
     # SQLite: a TEXT value holding bytes that are not UTF-8 (0xff) inside a JSON string
     not_utf8 = b'{"note": "caf'.hex() + "ff" + b'"}'.hex()
     return {
-        "bad-not-utf8": f"CAST(X'{not_utf8}' AS TEXT)",
-        "bad-long-int": f"'{long_int}'",
+        "bad-not-utf8": {"payload": f"CAST(X'{not_utf8}' AS TEXT)"},
+        "bad-long-int": {"payload": f"'{long_int}'"},
+        "bad-lone-surrogate": {"payload": """'{"s": "\\ud800"}'"""},
+        "bad-receipt": {"receipt": f"'{long_int}'"},
+        "bad-deadline": {"deadline_at": "'tomorrow'"},
+        "bad-ordering-key": {"ordering_key": f"CAST(X'{not_utf8}' AS TEXT)"},
     }
 
 
-def _insert(engine: Engine, operation_id: str, payload_sql: str) -> None:
+def _timestamps(dialect: str) -> dict[str, tuple[dict[str, str], str]]:
+    """operation id -> columns, and the status Python's clamped reading leads to."""
+    if dialect != "postgresql":
+        return {}
+    return {
+        "deadline-infinity": ({"deadline_at": "'infinity'"}, "applied"),
+        "deadline-year-12000": ({"deadline_at": "'12000-01-01'"}, "applied"),
+        "deadline-minus-infinity": ({"deadline_at": "'-infinity'"}, "blocked"),
+    }
+
+
+def _insert(engine: Engine, operation_id: str, columns: dict[str, str]) -> None:
+    columns = {"payload": _good_payload(engine), **columns}
+    names = ", ".join(columns)
+    values = ", ".join(columns.values())
     with engine.begin() as conn:
         conn.execute(
             sa.text(
-                "INSERT INTO outbox_operations (tenant_id, task_id, operation_id, provider, "
-                f"payload) VALUES ('t1', 'raw-task', :op, 'sim', {payload_sql})"
+                f"INSERT INTO outbox_operations (tenant_id, task_id, operation_id, provider, "
+                f"{names}) VALUES ('t1', 'raw-task', :op, 'sim', {values})"
             ),
             {"op": operation_id},
         )
+
+
+def _good_payload(engine: Engine) -> str:
+    good = """'{"ok": 1}'"""
+    return f"CAST({good} AS jsonb)" if engine.dialect.name == "postgresql" else good
 
 
 def _insert_good(engine: Engine, operation_id: str, n: int) -> None:
@@ -69,12 +93,15 @@ def test_an_undecodable_row_is_parked_and_its_batch_is_dispatched(
     db_url: str, engine: Engine, tmp_path: Path
 ) -> None:
     bad = _undecodable(engine.dialect.name)
+    times = _timestamps(engine.dialect.name)
     for i, op_id in enumerate(GOOD):
         _insert_good(engine, op_id, i)
         if i == 4:  # in the middle of the first batch
-            for bad_id, payload_sql in bad.items():
-                _insert(engine, bad_id, payload_sql)
-    total = len(GOOD) + len(bad)
+            for bad_id, columns in bad.items():
+                _insert(engine, bad_id, columns)
+            for op, (columns, _) in times.items():
+                _insert(engine, op, columns)
+    total = len(GOOD) + len(bad) + len(times)
     with SimProcess(tmp_path) as sim:
         cfg = config(tmp_path, db_url, sim, lease_seconds=5)
         with DaemonProcess(cfg) as d:
@@ -83,7 +110,8 @@ def test_an_undecodable_row_is_parked_and_its_batch_is_dispatched(
             _insert_good(engine, "good-late", 99)  # still serving later batches
             wait_until(lambda: settled(engine, total + 1), timeout=30, message="late row")
             assert d.alive()
-        assert_once_each(sim, [*GOOD, "good-late"])
+        applied = [op for op, (_, status) in times.items() if status == "applied"]
+        assert_once_each(sim, [*GOOD, "good-late", *applied])
         assert not any(key_of(b) in sim.stats()["effects_per_key"] for b in bad)
 
     with engine.connect() as conn:  # not the payload: the test's own reader would fail on it
@@ -93,6 +121,8 @@ def test_an_undecodable_row_is_parked_and_its_batch_is_dispatched(
                 "SELECT operation_id, status, status_reason, attempts FROM outbox_operations"
             ))
         }
+    for op, (_, status) in times.items():
+        assert ops[op]["status"] == status, op
     for bad_id in bad:
         assert (ops[bad_id]["status"], ops[bad_id]["status_reason"]) == (
             "blocked",

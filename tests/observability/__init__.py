@@ -37,6 +37,7 @@ CONTRACT: dict[str, tuple[str, frozenset[str]]] = {
     "outbox_dispatch_duration_seconds": ("histogram", frozenset({"provider"})),
     "outbox_claim_duration_seconds": ("histogram", frozenset()),
     "outbox_fencing_rejections_total": ("counter", frozenset()),
+    "outbox_dispatch_cycle_errors_total": ("counter", frozenset({"kind"})),
     "outbox_lease_expirations_total": ("counter", frozenset({"phase"})),
     "outbox_reconciliations_total": ("counter", frozenset({"provider", "result"})),
     "outbox_dedup_window_refusals_total": ("counter", frozenset({"provider"})),
