@@ -104,6 +104,9 @@ def is_sqlite(conn: Connection | Engine) -> bool:
     return conn.dialect.name == "sqlite"
 
 
+_SHAPE_RULES = ("is nested deeper than", "outside the range of a double", "is not a timestamp")
+
+
 def is_outage(exc: BaseException) -> bool:
     """Whether ``exc`` means the database could not be used at all (connection refused
     or lost, server shutting down, SQLite busy or locked): the dispatcher backs off and
@@ -131,6 +134,10 @@ def translate(exc: sa.exc.DBAPIError) -> errors.OutboxError | None:
         return errors.InvalidPayload("the payload exceeds max_payload_bytes")
     if "not valid JSON" in text:
         return errors.InvalidPayload("the payload is not valid JSON")
+    for rule in _SHAPE_RULES:  # migration 0003: what the dispatcher could not decode
+        if rule in text:
+            message = text[text.index("outbox: ") + 8 :].splitlines()[0]
+            return errors.PayloadUndecodable(message)
     return None
 
 

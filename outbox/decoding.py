@@ -90,11 +90,12 @@ def unencodable_string(value: Any) -> bool:
 
 
 def shape_problem(value: Any) -> str | None:
-    """Why a decoded JSON value cannot be dispatched as is, or None."""
+    """Why a JSON value could not be dispatched as is (completing "the payload ..."),
+    or None."""
     if json_depth_over(value):
-        return f"nested deeper than {MAX_JSON_DEPTH} levels"
+        return f"is nested deeper than {MAX_JSON_DEPTH} levels"
     if unencodable_string(value):
-        return "a string is not encodable as UTF-8 (lone surrogate)"
+        return "holds a string that is not encodable as UTF-8 (a lone surrogate)"
     return None
 
 

@@ -55,6 +55,12 @@ class InvalidPayload(OutboxError):
     """The payload is not a JSON object within the size limit."""
 
 
+class PayloadUndecodable(InvalidPayload):
+    """The payload has a shape the dispatcher could not decode (nested deeper than
+    ``outbox.decoding.MAX_JSON_DEPTH`` levels, a lone UTF-16 surrogate): refused before
+    anything is written, as the database refuses it at INSERT."""
+
+
 class IllegalTransition(OutboxError):
     """That status change is not allowed."""
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from outbox import errors, protect
+from outbox import decoding, errors, protect
 from outbox.digest import canonical_json, payload_digest
 from outbox.secrets import check_no_secrets
 
@@ -100,6 +100,12 @@ def prepare(
         if protect.ENVELOPE_KEY in op.payload:
             raise errors.InvalidPayload(
                 f"the top-level key {protect.ENVELOPE_KEY!r} is reserved for envelopes",
+                operation_id=op.operation_id,
+            )
+        shape = decoding.shape_problem(op.payload)
+        if shape is not None:
+            raise errors.PayloadUndecodable(
+                f"the payload {shape}",
                 operation_id=op.operation_id,
             )
         try:
