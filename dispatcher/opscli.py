@@ -29,7 +29,7 @@ from sqlalchemy.engine import Connection
 
 from dispatcher.approvecli import UsageError, resolve_tenant
 from dispatcher.cli import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, _common, _load
-from outbox import api, db, overrides, recovery, schema, tenancy
+from outbox import api, db, decoding, overrides, recovery, schema, tenancy
 from outbox.states import OperationStatus
 
 ops_t, att_t, ev_t, appr_t = schema.operations, schema.attempts, schema.events, schema.approvals
@@ -149,9 +149,11 @@ def _show(conn: Connection, args: argparse.Namespace) -> int:
             actor=args.actor,
             reason=reason,
         )
-        report["receipt"] = conn.execute(
-            sa.select(ops_t.c.receipt).where(ops_t.c.id == op["id"])
-        ).scalar()
+        receipt = decoding.decode_json(conn.execute(
+            sa.select(sa.cast(ops_t.c.receipt, sa.Text)).where(ops_t.c.id == op["id"])
+        ).scalar(), "receipt")
+        report["receipt"] = (f"(cannot be decoded: {receipt.why})"
+                             if isinstance(receipt, decoding.Undecodable) else receipt)
     if args.json:
         print(_dump(report))
         return EXIT_OK

@@ -18,7 +18,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 
-from outbox import errors, schema
+from outbox import decoding, errors, schema
 from outbox.db import connection_of
 
 SETTING = "outbox.tenant_id"
@@ -74,9 +74,10 @@ def reveal_payload(
         fn = getattr(sa.func, REVEAL_FUNCTION)
         try:
             with c.begin_nested():
-                return c.execute(
-                    sa.select(fn(tenant_id, operation_id, actor, reason))
+                raw = c.execute(  # as text: decoded here, one clear error if it cannot be
+                    sa.select(sa.cast(fn(tenant_id, operation_id, actor, reason), sa.Text))
                 ).scalar_one()
+            return _decoded(raw, operation_id)
         except sa.exc.DBAPIError as exc:
             if "operation not found" in str(exc.orig):
                 raise errors.OperationNotFound(
@@ -85,7 +86,7 @@ def reveal_payload(
             raise
     ops = schema.operations
     row = c.execute(
-        sa.select(ops.c.payload, ops.c.task_id).where(
+        sa.select(sa.cast(ops.c.payload, sa.Text).label("payload"), ops.c.task_id).where(
             ops.c.tenant_id == tenant_id, ops.c.operation_id == operation_id
         )
     ).first()
@@ -101,4 +102,13 @@ def reveal_payload(
             reason=reason,
         )
     )
-    return row.payload
+    return _decoded(row.payload, operation_id)
+
+
+def _decoded(raw: str | None, operation_id: str) -> Any:
+    value = decoding.decode_json(raw, "payload")
+    if isinstance(value, decoding.Undecodable):
+        raise errors.PayloadUndecodable(
+            f"the stored payload cannot be decoded: {value.why}", operation_id=operation_id
+        )
+    return value

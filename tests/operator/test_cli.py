@@ -93,3 +93,34 @@ def test_ops_commands(tmp_path: Path) -> None:
         assert ambiguous[0] == 2 and "--tenant" in ambiguous[2]
     finally:
         engine.dispose()
+
+
+def test_ops_show_of_a_payload_that_cannot_be_decoded_is_one_line(tmp_path: Path) -> None:
+    """A row parked ``payload_undecodable`` (stored past the 0003 door) can be inspected:
+    ``ops list`` and ``ops show`` work, and ``--show-payload`` says in one line why the
+    body cannot be shown, never a traceback."""
+    url = f"sqlite:///{tmp_path / 'outbox.db'}"
+    engine = db.create_engine(url)
+    migrate.upgrade(engine)
+    cfg = write_config(tmp_path, url, {"sim": {"kind": "null"}})
+    with engine.begin() as conn:
+        conn.exec_driver_sql("DROP TRIGGER outbox_operations_shape")
+        conn.exec_driver_sql(
+            "INSERT INTO outbox_operations (tenant_id, task_id, operation_id, provider, "
+            "payload, receipt, status, status_reason) VALUES ('t1', 'k', 'op-x', 'sim', "
+            f"'{{\"n\": {'7' * 5000}}}', '{{\"r\": {'7' * 5000}}}', 'blocked', "
+            "'payload_undecodable')")
+    engine.dispose()
+    lst, show, reveal = run_all(
+        ["ops", "list"],
+        ["ops", "show", "op-x"],
+        ["ops", "show", "op-x", "--show-payload", "--actor", "alice", "--reason", "look"],
+        config=cfg,
+    )
+    assert lst[0] == 0 and "payload_undecodable" in lst[1]
+    assert show[0] == 0 and "op-x" in show[1]
+    assert reveal[0] != 0 and "Traceback" not in reveal[2]
+    assert reveal[2].strip().splitlines() == [
+        "outboxd: the stored payload cannot be decoded: an integer has more digits than "
+        "Python parses (operation_id='op-x')"
+    ]
