@@ -21,7 +21,7 @@ from sqlalchemy.dialects import postgresql as pg
 from sqlalchemy.sql.type_api import TypeEngine
 
 from outbox import schema
-from outbox.records import OPERATION_FIELDS, RAW_JSON_FIELDS, RAW_TIME_FIELDS
+from outbox.records import OPERATION_FIELDS, raw_operation_columns
 from outbox.states import OperationStatus
 from outbox.types import db_now
 
@@ -125,21 +125,8 @@ def claim(eligible: Any) -> Any:
         .cte("claimed")
     )
     events = _events_of(claimed, "pending", sa.literal_column(f"'{S.CLAIMED.value}'"))
-    return sa.select(*claimed_columns(claimed)).add_cte(events)
-
-
-def claimed_columns(source: Any, *, raw_times: bool = False) -> list[Any]:
-    """The claim's result columns, :data:`OPERATION_FIELDS` in order, with the JSON ones
-    (and, with ``raw_times``, SQLite's timestamps, which are text there) read as text:
-    the driver never decodes a row's content, so one undecodable value cannot fail the
-    batch (each row is decoded by :meth:`outbox.records.OperationRecord.from_raw_values`).
-    PostgreSQL's timestamps are typed; the ones Python cannot hold are clamped
-    (:func:`outbox.decoding.register_pg_time_loaders`)."""
-    raw = RAW_JSON_FIELDS | (RAW_TIME_FIELDS if raw_times else frozenset())
-    return [
-        sa.cast(source.c[name], sa.Text()).label(name) if name in raw else source.c[name]
-        for name in OPERATION_FIELDS
-    ]
+    # the content read as text, decoded per row (outbox.records.raw_operation_columns)
+    return sa.select(*raw_operation_columns(claimed, raw_times=False)).add_cte(events)
 
 
 @functools.cache

@@ -23,7 +23,7 @@ from sqlalchemy.engine import Connection
 from dispatcher import journal, pg_batch
 from dispatcher.transitions import Dispatching, Recorded, Transition
 from outbox import schema
-from outbox.records import OperationRecord
+from outbox.records import OperationRecord, raw_operation_columns
 from outbox.states import NON_TERMINAL, OperationStatus
 from outbox.types import JSONType, db_now, is_due
 
@@ -143,7 +143,7 @@ def operation_claim_batch(
                     state_revision=ops.c.state_revision + 1,
                     updated_at=db_now(),
                 )
-                .returning(*pg_batch.claimed_columns(ops, raw_times=True))
+                .returning(*raw_operation_columns(ops, raw_times=True))
             )
             .all()
         )

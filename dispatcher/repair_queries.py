@@ -13,7 +13,7 @@ from sqlalchemy.engine import Connection
 
 from dispatcher.queries import fetch_db_now
 from outbox import schema
-from outbox.records import OperationRecord
+from outbox.records import OperationRecord, raw_operation_columns
 from outbox.states import OperationStatus
 from outbox.types import db_now
 
@@ -26,7 +26,7 @@ __all__ = ["fetch_db_now", "lease_expired", "lease_recover", "not_found_counts_a
 def lease_expired(conn: Connection, *, limit: int) -> list[OperationRecord]:
     """Leased rows whose lease has passed on the database clock."""
     q = (
-        sa.select(ops)
+        sa.select(*_columns(conn))
         .where(
             ops.c.status.in_([S.CLAIMED.value, S.DISPATCHING.value]),
             ops.c.lease_expires_at < db_now(),
@@ -36,7 +36,13 @@ def lease_expired(conn: Connection, *, limit: int) -> list[OperationRecord]:
     )
     if conn.dialect.name == "postgresql":
         q = q.with_for_update(skip_locked=True)
-    return [OperationRecord.from_row(r) for r in conn.execute(q).mappings()]
+    return [OperationRecord.from_raw_values(r) for r in conn.execute(q).all()]
+
+
+def _columns(conn: Connection) -> list[Any]:
+    """Every column, content read as text and decoded per row: one undecodable row never
+    fails a recovery or reconciliation pass (:mod:`outbox.decoding`)."""
+    return raw_operation_columns(ops, raw_times=conn.dialect.name == "sqlite")
 
 
 def lease_recover(conn: Connection, rows: Sequence[OperationRecord]) -> list[OperationRecord]:
@@ -70,25 +76,25 @@ def lease_recover(conn: Connection, rows: Sequence[OperationRecord]) -> list[Ope
                 ops.c.lease_expires_at < db_now(),
             )
             .values(**values)
-            .returning(*ops.c)
-        ).mappings()
-        moved.extend(OperationRecord.from_row(r) for r in result)
+            .returning(*_columns(conn))
+        ).all()
+        moved.extend(OperationRecord.from_raw_values(r) for r in result)
     return moved
 
 
 def unknown_due(conn: Connection, *, limit: int) -> list[OperationRecord]:
     """``unknown`` rows whose next look-up is due."""
     return [
-        OperationRecord.from_row(r)
+        OperationRecord.from_raw_values(r)
         for r in conn.execute(
-            sa.select(ops)
+            sa.select(*_columns(conn))
             .where(
                 ops.c.status == S.UNKNOWN.value,
                 sa.or_(ops.c.next_attempt_at.is_(None), ops.c.next_attempt_at <= db_now()),
             )
             .order_by(ops.c.next_attempt_at, ops.c.id)
             .limit(limit)
-        ).mappings()
+        ).all()
     ]
 
 

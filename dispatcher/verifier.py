@@ -35,7 +35,7 @@ from sqlalchemy.engine import Engine
 from dispatcher import failpoints, journal
 from outbox import schema
 from outbox.protect import Protection, open_receipt
-from outbox.records import OperationRecord
+from outbox.records import OperationRecord, raw_operation_columns
 from outbox.recovery import VERIFICATION_FAILED, VERIFIER_META_PREFIX
 from outbox.states import OperationStatus, check_transition
 from outbox.types import db_now
@@ -101,7 +101,7 @@ class Verifier:
             return []
         with self.engine.begin() as conn:
             rows = conn.execute(
-                sa.select(ops)
+                sa.select(*raw_operation_columns(ops, raw_times=conn.dialect.name == "sqlite"))
                 .where(
                     ops.c.status == S.APPLIED.value,
                     ops.c.provider.in_(sorted(self.verifiers)),
@@ -112,8 +112,9 @@ class Verifier:
                 )
                 .order_by(ops.c.id)
                 .limit(self.limit)
-            ).mappings()
-            return [OperationRecord.from_row(r) for r in rows]
+            ).all()
+            # decoded per row: an undecodable receipt verifies as nothing, never stops others
+            return [OperationRecord.from_raw_values(r) for r in rows]
 
     def run_once(self) -> VerifyCounts:
         counts = VerifyCounts()

@@ -7,6 +7,8 @@ from dataclasses import dataclass, field, fields
 from datetime import datetime
 from typing import Any, Self
 
+import sqlalchemy as sa
+
 from outbox import decoding
 from outbox.states import OperationStatus
 
@@ -114,6 +116,20 @@ RAW_TIME_FIELDS = frozenset(
 )
 """Timestamps, read as text on SQLite (where they are text) and parsed per row."""
 _TIME_AT = tuple(OPERATION_FIELDS.index(n) for n in sorted(RAW_TIME_FIELDS))
+
+
+def raw_operation_columns(source: Any, *, raw_times: bool) -> list[Any]:
+    """Columns to select for :meth:`OperationRecord.from_raw_values`: every field of
+    ``source`` (the operations table, or a CTE over it) in order, the JSON ones (and, with
+    ``raw_times``, the timestamps: SQLite stores them as text) read as text. The driver
+    then never decodes a row's content, so one undecodable value cannot fail a whole
+    result: each row is decoded on its own. PostgreSQL's timestamps stay typed; the ones
+    Python cannot hold are clamped (:func:`outbox.decoding.register_pg_time_loaders`)."""
+    raw = RAW_JSON_FIELDS | (RAW_TIME_FIELDS if raw_times else frozenset())
+    return [
+        sa.cast(source.c[name], sa.Text()).label(name) if name in raw else source.c[name]
+        for name in OPERATION_FIELDS
+    ]
 
 
 @dataclass(frozen=True)

@@ -158,3 +158,51 @@ def test_an_undecodable_row_is_parked_and_its_batch_is_dispatched(
             detail = json.loads(detail)
         assert detail["detail"]  # why, in words; never the body
         assert "7777" not in json.dumps(detail) and "caf" not in json.dumps(detail)
+
+
+def _stuck(dialect: str, payload: str) -> dict[str, dict[str, str]]:
+    """Rows left by a dead replica (an expired lease) or waiting for reconciliation
+    (``unknown``), with ``payload``: lease recovery and reconciliation read them in
+    batches, and one of them must not stop those passes either."""
+    ago = ("now() - interval '10 seconds'" if dialect == "postgresql"
+           else "strftime('%Y-%m-%d %H:%M:%f000', 'now', '-10 seconds')")
+    lease = {"fencing_token": "1", "lease_owner": "'gone:1'", "lease_expires_at": ago}
+    sent = {"attempts": "1", "first_dispatched_at": ago, "last_attempt_started_at": ago,
+            "updated_at": ago, "last_outcome": "'ambiguous'"}
+    return {
+        "claimed": {"payload": payload, "status": "'claimed'", **lease},
+        "dispatching": {"payload": payload, "status": "'dispatching'", **lease, **sent},
+        "unknown": {"payload": payload, "status": "'unknown'", **sent},
+    }
+
+
+@pytest.mark.slow
+def test_undecodable_rows_do_not_stop_lease_recovery_or_reconciliation(
+    db_url: str, engine: Engine, tmp_path: Path
+) -> None:
+    dialect = engine.dialect.name
+    bad_payload = next(iter(_undecodable(dialect).values()))["payload"]
+    rows = {
+        **{f"bad-{k}": v for k, v in _stuck(dialect, bad_payload).items()},
+        **{f"good-{k}": v for k, v in _stuck(dialect, _good_payload(engine)).items()},
+    }
+    for op_id, columns in sorted(rows.items()):  # the bad ones first: they are read first
+        _insert(engine, op_id, columns)
+    with SimProcess(tmp_path) as sim:
+        cfg = config(tmp_path, db_url, sim, lease_seconds=5)
+        with DaemonProcess(cfg) as d:
+            wait_until(lambda: settled(engine, len(rows)), timeout=60, message="settled")
+            assert d.alive()
+        # never sent before (the sim is new): each good row applied once, each bad one never
+        assert_once_each(sim, [op for op in rows if op.startswith("good-")])
+        assert not any(key_of(op) in sim.stats()["effects_per_key"]
+                       for op in rows if op.startswith("bad-"))
+    with engine.connect() as conn:
+        got = dict(conn.execute(sa.text(
+            "SELECT operation_id, status || ':' || COALESCE(status_reason, '') "
+            "FROM outbox_operations")).all())
+    for op_id in rows:
+        if op_id.startswith("good-"):
+            assert got[op_id].startswith("applied:"), (op_id, got[op_id])
+        else:
+            assert got[op_id] == "blocked:payload_undecodable", (op_id, got[op_id])
