@@ -15,7 +15,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
-from tests.dispatcher import assert_once_each, config, events_of, key_of
+from tests.dispatcher import assert_once_each, config, engine_for, events_of, key_of
 from tests.support.daemon import DaemonProcess, settled, wait_until
 from tests.support.sim import SimProcess
 
@@ -206,3 +206,36 @@ def test_undecodable_rows_do_not_stop_lease_recovery_or_reconciliation(
             assert got[op_id].startswith("applied:"), (op_id, got[op_id])
         else:
             assert got[op_id] == "blocked:payload_undecodable", (op_id, got[op_id])
+
+
+@pytest.mark.slow
+def test_a_statement_error_is_not_taken_for_an_outage_and_dispatch_resumes(
+    sqlite_url: str, tmp_path: Path
+) -> None:
+    """A cycle that fails on a statement (here: a table renamed away under the running
+    daemon) is logged as ``dispatch cycle failed; retrying`` with its error class, never
+    as ``database unavailable``; the daemon keeps running and dispatches once it can."""
+    engine = engine_for(sqlite_url)
+    try:
+        with engine.begin() as conn:
+            conn.exec_driver_sql("ALTER TABLE outbox_meta RENAME TO outbox_meta_away")
+        _insert_good(engine, "good-after", 1)
+        with SimProcess(tmp_path) as sim:
+            cfg = config(tmp_path, sqlite_url, sim, lease_seconds=5)
+            with DaemonProcess(cfg) as d:
+                wait_until(lambda: "dispatch cycle failed; retrying" in d.log_text(),
+                           timeout=30, message="the cycle error logged")
+                assert d.alive()
+                with engine.begin() as conn:
+                    conn.exec_driver_sql("ALTER TABLE outbox_meta_away RENAME TO outbox_meta")
+                wait_until(lambda: settled(engine, 1), timeout=30, message="dispatched")
+                assert d.alive()
+                log = d.log_text()
+            assert_once_each(sim, ["good-after"])
+        assert "database unavailable" not in log
+        assert "Traceback" not in log
+        line = next(json.loads(x) for x in log.splitlines()
+                    if "dispatch cycle failed" in x)
+        assert line["error"] == "OperationalError" and line["level"] == "error"
+    finally:
+        engine.dispose()
