@@ -9,6 +9,7 @@ binaries exist, else skip with a loud reason — and under ``CI=true`` a skip is
 from __future__ import annotations
 
 import os
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,6 +26,42 @@ for _name in [n for n in os.environ if n.startswith("OUTBOXD_") and n != "OUTBOX
 
 DEFAULT_PG = "postgresql://postgres@127.0.0.1:5432/postgres"
 TEMPLATE = f"outboxd_tpl_{os.getpid()}"
+
+
+_current: list[pytest.Item] = []
+DAEMON_VERBS = ("run", "demo")
+
+
+def _daemon_guard(event: str, args: tuple[object, ...]) -> None:
+    """A test that starts an ``outboxd run`` (or ``demo``) process must be marked ``slow``:
+    ``make check`` leaves slow tests out and promises that what it runs starts no daemon.
+    (An audit hook sees every process any helper starts; it raises before the process
+    exists, so an unmarked test fails saying what to fix.)"""
+    if event != "subprocess.Popen" or not _current:
+        return
+    argv = [str(a) for a in args[1]] if isinstance(args[1], list | tuple) else [str(args[1])]
+    if "dispatcher.cli" in argv[:-1]:
+        verb = argv[argv.index("dispatcher.cli") + 1]
+    elif len(argv) > 1 and Path(argv[0]).name == "outboxd":
+        verb = argv[1]
+    else:
+        return
+    item = _current[-1]
+    if verb in DAEMON_VERBS and item.get_closest_marker("slow") is None:
+        raise RuntimeError(f"{item.nodeid} starts `outboxd {verb}`: mark it "
+                           "@pytest.mark.slow (make check runs only tests that start no daemon)")
+
+
+sys.addaudithook(_daemon_guard)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> object:
+    _current.append(item)
+    try:
+        return (yield)
+    finally:
+        _current.pop()
 
 
 def _admin_dsn(url: str) -> str:

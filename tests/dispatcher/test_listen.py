@@ -37,6 +37,7 @@ def listening_sessions(engine: Engine) -> int:
         )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("listen", [True, False])
 def test_listen_setting_decides_the_wake_up_and_polling_still_drains(
     pg_url: str, tmp_path: Path, listen: bool

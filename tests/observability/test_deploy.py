@@ -100,6 +100,7 @@ def _manifest() -> dict[str, dict[str, Any]]:
     return {d["kind"]: d for d in docs}
 
 
+@pytest.mark.slow
 def test_kubernetes_probes_and_ports_are_what_the_daemon_serves(tmp_path: Path) -> None:
     k = _manifest()
     assert set(k) == {"ConfigMap", "Secret", "Deployment", "PodMonitor"}

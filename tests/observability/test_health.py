@@ -114,6 +114,7 @@ def test_replicas_side_by_side_with_port_zero(sqlite_url: str, tmp_path: Path) -
             assert listening[0]["url"] == f"http://127.0.0.1:{port}"
 
 
+@pytest.mark.slow
 def test_run_refuses_an_unmigrated_database(tmp_path: Path) -> None:
     """``outboxd run`` exits 1 at start on an unmigrated database (so readiness can only be
     observed failing on a running daemon whose schema changed, as above)."""

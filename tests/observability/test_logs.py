@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from dispatcher.logs import JsonFormatter, TextFormatter
 from tests.observability import json_lines
 from tests.support.daemon import REPO_ROOT, run_once, write_config
@@ -41,6 +43,7 @@ def test_formatters_copy_only_whitelisted_identifiers() -> None:
     assert "operation_id=op-1" in text and "canary" not in text
 
 
+@pytest.mark.slow
 def test_text_on_a_tty(sqlite_url: str, tmp_path: Path) -> None:
     cfg = write_config(tmp_path, sqlite_url, NULL_PROVIDER)
     leader, follower = pty.openpty()
@@ -68,6 +71,7 @@ def test_text_on_a_tty(sqlite_url: str, tmp_path: Path) -> None:
     assert "INFO" in started[0] and "worker=" in started[0]
 
 
+@pytest.mark.slow
 def test_json_lines_at_the_configured_level(sqlite_url: str, tmp_path: Path) -> None:
     """(JSON lines at DEBUG with canaries: test_metrics_run.py; the default INFO level:
     test_text_on_a_tty above.)"""

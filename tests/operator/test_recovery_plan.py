@@ -86,6 +86,7 @@ def test_plan_rows_without_a_crash(engine: Engine) -> None:
         recovery.plan(conn, tenant_id=TENANT, task_id="no-such-task")
 
 
+@pytest.mark.slow
 def test_crash_rows_through_the_real_dispatcher(tmp_path: Path, sim: SimProcess) -> None:
     url = f"sqlite:///{tmp_path / 'outbox.db'}"
     from outbox import migrate
@@ -140,6 +141,7 @@ def test_crash_rows_through_the_real_dispatcher(tmp_path: Path, sim: SimProcess)
         engine.dispose()
 
 
+@pytest.mark.slow
 def test_partial_batch_is_recovered_per_operation(tmp_path: Path, sim: SimProcess) -> None:
     url = f"sqlite:///{tmp_path / 'outbox.db'}"
     from outbox import migrate

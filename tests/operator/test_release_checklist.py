@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import sqlalchemy as sa
 
 from outbox import approvals, db, migrate, recovery
@@ -26,6 +27,7 @@ def _statuses(engine: sa.Engine) -> dict[str, tuple[str, str | None]]:
     return {r[0]: (r[1], r[2]) for r in rows}
 
 
+@pytest.mark.slow
 def test_release_checklist_provider_reconciliation_and_object_validation(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'outbox.db'}"
     engine = db.create_engine(url)
