@@ -10,7 +10,10 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 
+from sqlalchemy.exc import DBAPIError
+
 from dispatcher.config import Config, load_config
+from outbox.db import connect_failure
 from outbox.errors import ConfigError, OutboxError
 
 log = logging.getLogger("outboxd.cli")
@@ -172,6 +175,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OutboxError as exc:
         sys.stderr.write(f"outboxd: {exc}\n")
         return EXIT_FAILURE
+    except DBAPIError as exc:  # one line: the driver's reason (no SQL, no credentials)
+        permanent, reason = connect_failure(exc)
+        sys.stderr.write(f"outboxd: database error: {reason}\n")
+        return EXIT_USAGE if permanent else EXIT_FAILURE
     except KeyboardInterrupt:
         return EXIT_OK
 

@@ -38,7 +38,7 @@ from dispatcher.verifier import Verifier
 from dispatcher.worker import RECORD_LINGER_SECONDS, Worker
 from outbox import db, migrate
 from outbox.ddl import NOTIFY_CHANNEL
-from outbox.errors import MigrationError
+from outbox.errors import ConfigError, MigrationError
 from providers.base import Provider
 from providers.registry import build_providers, close_providers
 
@@ -136,14 +136,21 @@ class Daemon:
                 migrate.check_current(self.engine, self.config.database.schema)
                 return True
             except sa.exc.DBAPIError as exc:
-                if self.engine.dialect.name == "sqlite":
-                    raise  # a local file that cannot be opened will not appear by waiting
+                url = self.config.database.url
+                permanent, reason = db.connect_failure(exc, url)
+                if permanent:  # waiting cannot help: say why, and stop
+                    what = ("cannot open the SQLite database (does its directory exist, and "
+                            "is it writable?)" if self.engine.dialect.name == "sqlite"
+                            else "the database server refused the connection")
+                    raise ConfigError(f"database.url: {what}: {reason}",
+                                      key="database.url") from None
                 if self.stopping.is_set():
                     return False
                 backoff = min(MAX_BACKOFF_SECONDS, max(0.2, backoff * 2))
                 log.warning(
                     "database unreachable at start-up; waiting",
-                    extra={"error": type(exc.orig or exc).__name__, "count": backoff},
+                    extra={"error": type(exc.orig or exc).__name__, "reason": reason,
+                           "count": backoff},
                 )
                 self.stopping.wait(backoff)
 
@@ -154,7 +161,13 @@ class Daemon:
         m = self.config.metrics
         metrics.init_labels(self.providers)
         if m.enabled and not once:
-            self._server = httpserver.serve(m.host, m.port, self.health)
+            try:
+                self._server = httpserver.serve(m.host, m.port, self.health)
+            except OSError as exc:
+                raise ConfigError(
+                    f"metrics.port: cannot listen on {m.host}:{m.port}: {exc.strerror}. "
+                    "Replicas on one host need distinct ports, or [metrics] port = 0 for a "
+                    "free one (or enabled = false)", key="metrics.port") from None
             self._guarded("gauges", self.gauges)
         self._guarded("startup recovery", self.recovery.run_once)
         self._guarded("startup reconciliation", self.reconciler.run_once)

@@ -75,6 +75,10 @@ def _run(args: argparse.Namespace, action: Action, *, tenant: bool = True) -> in
     except UsageError as exc:
         sys.stderr.write(f"outboxd: error: {exc}\n")
         return EXIT_USAGE
+    except sa.exc.DBAPIError as exc:  # the driver's first line, never the SQL
+        permanent, reason = db.connect_failure(exc, cfg.database.url)
+        sys.stderr.write(f"outboxd: database error: {reason}\n")
+        return EXIT_USAGE if permanent else EXIT_FAILURE
     except sa.exc.SQLAlchemyError as exc:  # the class only: messages may quote SQL
         sys.stderr.write(f"outboxd: database error: {type(exc).__name__}\n")
         return EXIT_FAILURE

@@ -104,6 +104,31 @@ def is_sqlite(conn: Connection | Engine) -> bool:
     return conn.dialect.name == "sqlite"
 
 
+# A FATAL at connect means the server answered and said no; these say "not yet" instead.
+_TRANSIENT_FATAL = ("starting up", "shutting down", "in recovery", "too many clients",
+                    "not accepting connections", "terminating connection")
+
+
+def connect_failure(exc: BaseException, url: str | None = None) -> tuple[bool, str]:
+    """Why a connection could not be made, and whether waiting could ever help.
+
+    ``(permanent, reason)``: permanent when the server answered and refused (the database
+    or role does not exist, authentication failed, no ``pg_hba.conf`` entry) or a SQLite
+    file cannot be opened; not when nothing answered (down, refused, unresolvable host) or
+    the server said "not yet". ``reason`` is the driver's first line without credentials."""
+    orig = getattr(exc, "orig", None) or exc
+    text = str(orig).strip().splitlines()[0] if str(orig).strip() else type(orig).__name__
+    if url:
+        password = sa.engine.make_url(normalise_url(url)).password
+        if password:
+            text = text.replace(str(password), "***")
+    code = getattr(orig, "sqlite_errorcode", None)
+    if code is not None:  # PERM, READONLY, CANTOPEN, NOTADB: no wait opens the file
+        return code & 0xFF in {3, 8, 14, 26}, text
+    permanent = "FATAL:" in text and not any(t in text for t in _TRANSIENT_FATAL)
+    return permanent, text.removeprefix("connection failed: ")
+
+
 _SHAPE_RULES = ("is nested deeper than", "outside the range of a double", "is not a timestamp")
 
 
