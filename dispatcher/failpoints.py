@@ -3,7 +3,8 @@
 ``OUTBOXD_FAILPOINTS="after_dispatching_commit=kill"`` (comma-separated ``name=action``;
 ``action@N`` fires on the N-th hit only; ``action%P`` fires on each hit with probability
 ``P``, drawn from a generator seeded by ``OUTBOXD_FAILPOINT_SEED`` so a run reproduces).
-Actions: ``kill`` (SIGKILL self), ``stop`` (SIGSTOP self), ``exit`` (``os._exit(3)``),
+Actions: ``kill`` (SIGKILL self), ``stop`` (SIGSTOP, stopping the calling thread before
+:func:`hit` returns, and the whole process with it), ``exit`` (``os._exit(3)``),
 ``sleep:SECONDS``. With ``OUTBOXD_FAILPOINT_LOG=FILE`` every firing appends a line
 ``name action pid`` to FILE (one ``write`` on an ``O_APPEND`` descriptor, done before the
 action, so it survives the SIGKILL it announces): a chaos checker counts each point's
@@ -119,7 +120,10 @@ def hit(name: str) -> None:
     if action == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
     elif action == "stop":
-        os.kill(os.getpid(), signal.SIGSTOP)
+        # at the calling thread: a process-directed SIGSTOP may be taken by another thread
+        # first, and on a busy host this one would run on (and send) until the group stop
+        # reached it; a thread-directed one stops this thread before the call returns
+        signal.pthread_kill(threading.get_ident(), signal.SIGSTOP)
     elif action == "exit":
         os._exit(3)
     elif action.startswith("sleep:"):
