@@ -1,7 +1,7 @@
 """``outboxd approve`` and ``outboxd revoke``: a named person allows (or withdraws) one
 operation's dispatch, bound to its payload as it is now (:mod:`outbox.approvals`).
 
-    outboxd approve OPERATION_ID --actor A [--expires 30m|2h|1d] [--reason R] [--requeue]
+    outboxd approve OPERATION_ID --actor A [--expires 30m|2h|1d] [--reason R] [--no-release]
     outboxd revoke OPERATION_ID --actor A --reason R
 
 ``--tenant T`` defaults to the only tenant in the database; with several, it is required
@@ -74,15 +74,15 @@ def cmd_approve(args: argparse.Namespace) -> int:
     def action(conn: Connection, tenant: str) -> str:
         result = approvals.approve(
             conn, tenant_id=tenant, operation_id=args.operation_id, actor=args.actor,
-            expires_in=args.expires, reason=args.reason, requeue=args.requeue,
+            expires_in=args.expires, reason=args.reason, release=args.release,
         )
         a = result.approval
         expiry = a.expires_at.isoformat() if a.expires_at else "never"
-        text = (
+        return (
             f"approved {a.operation_id} (tenant {tenant}) as approval {a.id} by "
-            f"{a.approved_by}; payload {a.payload_hash}; expires {expiry}"
+            f"{a.approved_by}; payload {a.payload_hash}; expires {expiry}\n"
+            f"{result.next_step()}"
         )
-        return text + ("; requeued" if result.requeued else "")
 
     return _run(args, action)
 
@@ -105,8 +105,10 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
                    help="validity from now on the database clock: 30m, 2h, 1d (default: none)")
     p.add_argument("--reason", help="why (recorded)")
     p.add_argument("--tenant", help="tenant (default: the only one)")
-    p.add_argument("--requeue", action="store_true",
-                   help="if the operation is blocked for an approval reason, make it pending")
+    p.add_argument("--no-release", dest="release", action="store_false",
+                   help="record the approval only: an operation blocked for want of an "
+                        "approval stays blocked (by default it is released to pending)")
+    p.add_argument("--requeue", action="store_true", help=argparse.SUPPRESS)  # the default
     p.set_defaults(fn=cmd_approve)
 
     p = sub.add_parser("revoke", help="revoke every live approval of one operation")

@@ -101,7 +101,6 @@ def approve_waiting(engine: Engine, report: DemoReport) -> None:
                 approvals.approve(
                     conn, tenant_id=TENANT, operation_id=op_id, actor=ACTOR,
                     expires_in=timedelta(minutes=10), reason="refund checked by a person",
-                    requeue=True,
                 )
             except ApprovalError:
                 continue  # already finished: it was sent before approval (see the summary)

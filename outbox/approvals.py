@@ -74,8 +74,23 @@ class Approval:
 @dataclass(frozen=True)
 class ApprovalResult:
     approval: Approval
-    requeued: bool
+    released: bool
     """The operation was ``blocked`` for an approval reason and is ``pending`` again."""
+    status: OperationStatus
+    """The operation's status after the approval."""
+    status_reason: str | None
+
+    def next_step(self) -> str:
+        """What happens next, in words, for the person who approved."""
+        if self.released:
+            return "released: blocked -> pending; it will be dispatched"
+        if self.status == OperationStatus.BLOCKED and self.status_reason in APPROVAL_REASONS:
+            return (f"recorded only: the operation stays blocked ({self.status_reason}); "
+                    "release it with `outboxd ops requeue`")
+        if self.status == OperationStatus.BLOCKED:
+            return (f"the operation stays blocked ({self.status_reason}): an approval does "
+                    "not release that reason (see docs/runbook.md)")
+        return f"the operation is {self.status.value}; the approval is used at its next send"
 
 
 def _nonempty(name: str, value: str | None) -> str:
@@ -167,13 +182,15 @@ def approve(
     expires_at: datetime | None = None,
     expires_in: timedelta | None = None,
     reason: str | None = None,
-    requeue: bool = False,
+    release: bool = True,
 ) -> ApprovalResult:
     """Approve the operation's current payload (in the caller's transaction).
 
     ``expires_at`` (aware datetime) or ``expires_in`` (from now on the database clock);
-    neither: no expiry. ``requeue``: if the operation is ``blocked`` for an approval reason,
-    return it to ``pending`` (recorded as a transition by ``actor``)."""
+    neither: no expiry. An operation ``blocked`` only for want of an approval (an approval
+    reason) is released to ``pending`` in the same transaction, recorded as a transition
+    by ``actor``: the approval is the person's decision to send. ``release=False`` records
+    the approval and leaves the operation where it is."""
     c = connection_of(conn)
     _nonempty("actor", actor)
     if expires_at is not None and expires_in is not None:
@@ -207,10 +224,12 @@ def approve(
     detail = {"approval_id": approval.id, "payload_hash": digest,
               "expires_at": approval.expires_at.isoformat() if approval.expires_at else None}
     c.execute(sa.insert(events_t).values(**_event(op, "approval", actor, reason, detail)))
-    requeued = False
-    if requeue and op.status == OperationStatus.BLOCKED and op.status_reason in APPROVAL_REASONS:
-        requeued = _requeue(c, op, actor)
-    return ApprovalResult(approval, requeued)
+    released = False
+    if release and op.status == OperationStatus.BLOCKED and op.status_reason in APPROVAL_REASONS:
+        released = _requeue(c, op, actor)
+    if released:
+        return ApprovalResult(approval, True, OperationStatus.PENDING, None)
+    return ApprovalResult(approval, False, op.status, op.status_reason)
 
 
 def _requeue(conn: Connection, op: OperationRecord, actor: str) -> bool:
@@ -222,7 +241,7 @@ def _requeue(conn: Connection, op: OperationRecord, actor: str) -> bool:
                 state_revision=ops_t.c.state_revision + 1, updated_at=db_now())
     ).rowcount
     if moved:
-        event = _event(op, "transition", actor, "approved: requeued", {"requeue": True})
+        event = _event(op, "transition", actor, "approved: released", {"release": True})
         event["to_status"] = OperationStatus.PENDING.value
         conn.execute(sa.insert(events_t).values(**event))
     return bool(moved)

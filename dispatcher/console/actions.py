@@ -94,9 +94,8 @@ def _dispatch(conn: Any, action: str, w: Who, form: Mapping[str, str], *, reason
         result = approvals.approve(
             conn, **who, reason=reason or None,
             expires_in=expires_in,
-            requeue=form.get("requeue") == "1")
-        return Done(f"approved (approval {result.approval.id})"
-                    + ("; requeued" if result.requeued else ""))
+            release=form.get("release") == "1")
+        return Done(f"approved (approval {result.approval.id}); {result.next_step()}")
     if action == "revoke":
         n = approvals.revoke(conn, **who, reason=reason)
         return Done(f"revoked {n} approval(s)")

@@ -86,12 +86,15 @@ def test_zero_sends_without_a_valid_matching_approval(db_url: str, tmp_path: Pat
             assert [detail_of(e)["approval_id"] for e in consumed] == [used.id]
             assert all(a.consumed_at is None for a in _approvals_of(engine, "forged"))
 
-            # a new approval of the blocked operation, with --requeue, lets it go
-            assert approve(engine, "missing", seconds=600).requeued is False  # not requeued
+            # an approval recorded without release leaves it blocked; a plain one lets it go
             with engine.begin() as conn:
-                res = approvals.approve(conn, tenant_id=TENANT, operation_id="missing",
-                                        actor="carol", requeue=True)
-            assert res.requeued
+                kept = approvals.approve(conn, tenant_id=TENANT, operation_id="missing",
+                                         actor="carol", release=False)
+            assert not kept.released and reason_of(engine, "missing") == (
+                "blocked", "approval_missing")
+            assert "recorded only" in kept.next_step()
+            res = approve(engine, "missing", seconds=600)
+            assert res.released and "released" in res.next_step()
             result = run_once(cfg)
             assert result.returncode == 0, result.stderr[-2000:]
             assert reason_of(engine, "missing") == ("applied", None)
@@ -148,10 +151,10 @@ def test_release_checklist_idempotency_and_approvals(sqlite_url: str, tmp_path: 
                 assert approval.consumed_fencing_token == attempts[0]["fencing_token"]
                 assert attempts[1]["fencing_token"] > attempts[0]["fencing_token"]
 
-                # a new approval (with requeue) covers the re-send
+                # a new approval covers the re-send (and releases the blocked operation)
                 with engine.begin() as conn:
                     assert approvals.approve(conn, tenant_id=TENANT, operation_id="retry_late",
-                                             actor="carol", requeue=True).requeued
+                                             actor="carol").released
                 wait_until(lambda: reason_of(engine, "retry_late")[0] == "applied", timeout=20)
                 old, new = _approvals_of(engine, "retry_late")
                 assert old.consumed_at is not None and new.consumed_at is not None

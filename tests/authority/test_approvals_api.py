@@ -27,7 +27,7 @@ def test_approve_binds_to_the_current_payload_digest(engine: Engine) -> None:
     assert a.payload_hash == payload_digest(payload)
     assert a.approved_by == "alice" and a.reason == "looks right"
     assert a.expires_at is not None and a.expires_at > db_now(engine)
-    assert a.consumed_at is None and a.revoked_at is None and not result.requeued
+    assert a.consumed_at is None and a.revoked_at is None and not result.released
     [event] = [e for e in events_of(engine, "refund") if e["kind"] == "approval"]
     assert event["actor"] == "alice" and event["reason"] == "looks right"
     assert detail_of(event)["payload_hash"] == a.payload_hash
@@ -116,6 +116,9 @@ def test_cli_approve_revoke_and_tenant_default(sqlite_url: str, tmp_path: Path) 
                   "--config", cfg)
         assert ok.returncode == 0, ok.stderr
         assert "approved op (tenant t1)" in ok.stdout
+        # it was pending: the output says the approval is used at its next send
+        assert ok.stdout.splitlines()[-1] == (
+            "the operation is pending; the approval is used at its next send")
         with engine.connect() as conn:
             [a] = approvals.list_approvals(conn, tenant_id=TENANT, operation_id="op")
         assert a.expires_at is not None
@@ -129,5 +132,34 @@ def test_cli_approve_revoke_and_tenant_default(sqlite_url: str, tmp_path: Path) 
                        "--config", cfg)
         assert revoked.returncode == 0, revoked.stderr
         assert "revoked 1 approval(s)" in revoked.stdout
+    finally:
+        engine.dispose()
+
+
+def test_cli_approve_releases_what_waits_only_for_it(sqlite_url: str, tmp_path: Path) -> None:
+    """``outboxd approve`` on an operation blocked ``approval_missing`` releases it to
+    ``pending`` and says so; ``--no-release`` records the approval and says what to run."""
+    from outbox import db
+
+    engine = db.create_engine(sqlite_url)
+    try:
+        stage_task(engine, "t", {"a": {"requires_approval": True},
+                                 "b": {"requires_approval": True}})
+        with engine.begin() as conn:
+            conn.exec_driver_sql("UPDATE outbox_operations SET status = 'blocked', "
+                                 "status_reason = 'approval_missing'")
+        cfg = str(write_config(tmp_path, sqlite_url, {}))
+        released = _cli("approve", "a", "--actor", "alice", "--config", cfg)
+        kept = _cli("approve", "b", "--actor", "alice", "--no-release", "--config", cfg)
+        assert released.returncode == 0 and kept.returncode == 0, (released, kept)
+        assert released.stdout.splitlines()[-1] == (
+            "released: blocked -> pending; it will be dispatched")
+        assert kept.stdout.splitlines()[-1] == (
+            "recorded only: the operation stays blocked (approval_missing); release it with "
+            "`outboxd ops requeue`")
+        with engine.connect() as conn:
+            status = dict(conn.exec_driver_sql(
+                "SELECT operation_id, status FROM outbox_operations").all())
+        assert status == {"a": "pending", "b": "blocked"}
     finally:
         engine.dispose()

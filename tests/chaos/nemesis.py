@@ -447,8 +447,7 @@ class Agent(threading.Thread):
                 for op_id in self._task_ops(conn, task_id):
                     with contextlib.suppress(errors.ApprovalError):  # finished meanwhile
                         approvals.approve(conn, tenant_id=TENANT, operation_id=op_id,
-                                          actor="chaos-nemesis", reason="re-approved",
-                                          requeue=True)
+                                          actor="chaos-nemesis", reason="re-approved")
                         n += 1
         except Exception:
             return

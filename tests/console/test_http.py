@@ -244,7 +244,7 @@ def test_requeue_cancel_approve_revoke_and_reveal_are_audited(site: Site) -> Non
     assert row(site.engine, "t1", pending)["status"] == "cancelled"
     gated = stage(site.engine, status="blocked", reason="approval_missing",
                   requires_approval=True)
-    c.act("t1", gated, action="approve", reason="checked the amount", requeue="1")
+    c.act("t1", gated, action="approve", reason="checked the amount", release="1")
     assert row(site.engine, "t1", gated)["status"] == "pending"
     c.act("t1", gated, action="revoke", reason="changed my mind")
     status, _, page = c.act("t1", gated, action="reveal", reason="support case 9")
