@@ -120,6 +120,8 @@ def pre_dispatch(
         attempts=op.attempts, first_dispatched_at=op.first_dispatched_at, now=now
     )
     if spent is not None:
+        if op.last_outcome == "in_flight":  # the receiver held the key until the end
+            return Verdict(S.BLOCKED, outcomes.RECEIVER_STUCK_IN_FLIGHT, adm.digest)
         status = S.UNKNOWN if outcomes.blind(op.last_outcome) else S.BLOCKED
         return Verdict(status, outcomes.BUDGET_EXHAUSTED, adm.digest)
     if outcomes.blind(op.last_outcome) and not outcomes.window_open(

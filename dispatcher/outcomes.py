@@ -30,6 +30,10 @@ S = OperationStatus
 MAYBE_APPLIED = states.MAYBE_APPLIED
 
 BUDGET_EXHAUSTED = "budget_exhausted"
+RECEIVER_STUCK_IN_FLIGHT = "receiver_stuck_in_flight"
+"""The budget ran out while the receiver still answered 409 "in flight" for the key: its
+idempotency record of a request that died half-way holds the key (a person checks the
+receiver: docs/runbook.md)."""
 DEDUP_WINDOW_PASSED = "dedup_window_passed"
 NO_DEDUP_AMBIGUOUS = "ambiguous_receiver_does_not_deduplicate"
 KEY_REUSED = "key_reused_with_different_payload"
@@ -125,6 +129,8 @@ def decide(
     if not step.retry:
         if sticky == "retryable":
             return Decision(S.BLOCKED, reason=BUDGET_EXHAUSTED, last_outcome=sticky)
+        if kind == OutcomeKind.IN_FLIGHT:
+            return Decision(S.BLOCKED, reason=RECEIVER_STUCK_IN_FLIGHT, last_outcome=sticky)
         return Decision(S.UNKNOWN, reason=BUDGET_EXHAUSTED, last_outcome=sticky)
     if sticky != "retryable":
         at = now + timedelta(seconds=step.delay_seconds)

@@ -182,6 +182,18 @@ def test_budget_exhausted_by_attempts() -> None:
     assert (d.status, d.reason) == (S.UNKNOWN, outcomes.BUDGET_EXHAUSTED)
 
 
+def test_a_receiver_answering_in_flight_until_the_budget_ends_has_its_own_reason() -> None:
+    """409 "in flight" on the last attempt the budget allows: the receiver's idempotency
+    record holds the key (a request died half-way); a person checks the receiver."""
+    d = run(OutcomeKind.IN_FLIGHT, attempts=8, status_code=409)
+    assert (d.status, d.reason, d.last_outcome) == (
+        S.BLOCKED, outcomes.RECEIVER_STUCK_IN_FLIGHT, "in_flight")
+    d = run(OutcomeKind.IN_FLIGHT, first=NOW - timedelta(seconds=600), status_code=409)
+    assert (d.status, d.reason) == (S.BLOCKED, outcomes.RECEIVER_STUCK_IN_FLIGHT)
+    # budget left: retried with the same key, as before
+    assert run(OutcomeKind.IN_FLIGHT, attempts=1, status_code=409).status == S.PENDING
+
+
 def test_budget_exhausted_by_elapsed_time() -> None:
     d = run(OutcomeKind.RETRYABLE, first=NOW - timedelta(seconds=600))
     assert (d.status, d.reason) == (S.BLOCKED, outcomes.BUDGET_EXHAUSTED)
