@@ -114,8 +114,9 @@ def main(argv: list[str] | None = None) -> int:
         server = SimServer((args.host, args.port), ledger, settings, FaultDice(args.seed))
     except OSError as exc:
         ledger.close()
-        print(f"outboxd sim: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
-        return 1
+        print(f"outboxd sim: cannot listen on {args.host}:{args.port}: {exc.strerror} "
+              "(choose another --port, or 0 for a free one)", file=sys.stderr)
+        return 2  # a port a person chose: a usage error, like every other verb
     stop = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:

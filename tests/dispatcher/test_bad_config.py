@@ -177,3 +177,16 @@ def test_an_unreachable_database_is_waited_for_and_the_wait_says_why(tmp_path: P
     process.send_signal(signal.SIGTERM)
     _, err = process.communicate(timeout=30)
     assert process.returncode == 0 and "Traceback" not in err
+
+
+def test_sim_on_a_port_in_use_is_one_line_with_exit_2() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        process = outboxd("sim", "--port", str(port))
+        _, err = process.communicate(timeout=60)
+    assert process.returncode == 2
+    assert err.splitlines() == [
+        f"outboxd sim: cannot listen on 127.0.0.1:{port}: Address already in use (choose "
+        "another --port, or 0 for a free one)"]
