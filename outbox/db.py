@@ -23,6 +23,8 @@ from outbox import decoding, errors
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 # primary result codes: BUSY, LOCKED, NOMEM, IOERR, FULL, CANTOPEN, PROTOCOL
 _SQLITE_OUTAGE_CODES = frozenset({5, 6, 7, 10, 13, 14, 15})
+# PERM, READONLY, CANTOPEN, NOTADB: at start-up, no wait opens the file
+_SQLITE_UNOPENABLE_CODES = frozenset({3, 8, 14, 26})
 
 
 def normalise_url(url: str) -> str:
@@ -123,8 +125,8 @@ def connect_failure(exc: BaseException, url: str | None = None) -> tuple[bool, s
         if password:
             text = text.replace(str(password), "***")
     code = getattr(orig, "sqlite_errorcode", None)
-    if code is not None:  # PERM, READONLY, CANTOPEN, NOTADB: no wait opens the file
-        return code & 0xFF in {3, 8, 14, 26}, text
+    if code is not None:
+        return code & 0xFF in _SQLITE_UNOPENABLE_CODES, text
     permanent = "FATAL:" in text and not any(t in text for t in _TRANSIENT_FATAL)
     return permanent, text.removeprefix("connection failed: ")
 

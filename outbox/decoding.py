@@ -117,7 +117,9 @@ def decode_json(raw: str | bytes | None, column: str) -> Any:
     except ValueError as exc:  # malformed text, or an integer longer than Python parses
         return Undecodable(column, _value_error(exc))
     if isinstance(value, dict | list):
-        if json_depth_over(value):
+        # each container opens with a bracket: too few brackets in the text, no walk
+        deep_enough = raw.count("[") + raw.count("{") > MAX_JSON_DEPTH
+        if deep_enough and json_depth_over(value):
             return Undecodable(column, f"nested deeper than {MAX_JSON_DEPTH} levels")
         if _SURROGATE_ESCAPE.search(raw) and unencodable_string(value):
             return Undecodable(column, "a string is a lone UTF-16 surrogate escape")
@@ -131,14 +133,6 @@ def _value_error(exc: ValueError) -> str:
     if isinstance(exc, json.JSONDecodeError):
         return f"not valid JSON ({exc.msg})"
     return type(exc).__name__
-
-
-def text_problem(row: Any) -> str | None:
-    """The first column of a row read from SQLite whose text is not UTF-8, or None."""
-    for value in row:
-        if isinstance(value, NotUtf8):
-            return "a text column's stored bytes are not valid UTF-8"
-    return None
 
 
 LATEST = datetime.max.replace(tzinfo=UTC)

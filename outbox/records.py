@@ -64,18 +64,11 @@ class OperationRecord:
         return cls(**data)
 
     @classmethod
-    def from_values(cls, row: Sequence[Any]) -> Self:
-        """From a row whose columns are :data:`OPERATION_FIELDS`, in that order (the
-        dispatcher's claim returns this: no per-row mapping is built)."""
-        values = list(row)
-        values[_STATUS_AT] = OperationStatus(values[_STATUS_AT])
-        values[_APPROVAL_AT] = bool(values[_APPROVAL_AT])
-        return cls(*values)
-
-    @classmethod
     def from_raw_values(cls, row: Sequence[Any]) -> Self:
-        """Like :meth:`from_values`, but ``payload`` and ``receipt`` arrive as the stored
-        text and are decoded here, one row at a time (:mod:`outbox.decoding`): a value that
+        """From a row whose columns are :data:`OPERATION_FIELDS` in order, as
+        :func:`raw_operation_columns` selects them (no per-row mapping is built);
+        ``payload`` and ``receipt`` arrive as the stored text and are decoded here, one row
+        at a time (:mod:`outbox.decoding`): a value that
         cannot be decoded, or a text column whose bytes are not UTF-8, becomes an
         :class:`~outbox.decoding.Undecodable` ``payload`` instead of failing the batch."""
         values = list(row)

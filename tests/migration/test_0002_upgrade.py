@@ -14,8 +14,8 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from outbox import db, migrate
-from tests.conftest import drop_pg_database, new_pg_database
 from tests.dispatcher import PROVIDER, effects, key_of, rows, transitions
+from tests.migration import database_at
 from tests.support.daemon import http_provider, run_once, write_config
 from tests.support.sim import SimProcess
 
@@ -47,20 +47,7 @@ def operations(engine: Engine) -> dict[str, dict[str, object]]:
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
 def at_0001(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    if request.param == "sqlite":
-        url = f"sqlite:///{tmp_path / 'old.db'}"
-    else:
-        admin = request.getfixturevalue("pg_admin_dsn")
-        url = new_pg_database(admin, migrated=False)
-    engine = db.create_engine(url)
-    try:
-        assert migrate.upgrade(engine, revision="0001") == "0001"
-        _insert_every_state(engine)
-    finally:
-        engine.dispose()
-    yield url
-    if request.param == "postgres":
-        drop_pg_database(request.getfixturevalue("pg_admin_dsn"), url)
+    yield from database_at(request, tmp_path, "0001", _insert_every_state)
 
 
 def _insert_every_state(engine: Engine) -> None:

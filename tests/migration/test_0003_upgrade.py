@@ -15,8 +15,8 @@ from sqlalchemy.engine import Engine
 
 from outbox import db, errors, migrate
 from outbox.db import mapped_errors
-from tests.conftest import drop_pg_database, new_pg_database
 from tests.dispatcher import PROVIDER, effects, key_of, rows
+from tests.migration import database_at
 from tests.migration.test_0002_upgrade import ROWS, TERMINAL, _insert_every_state
 from tests.support.daemon import http_provider, run_once, write_config
 from tests.support.sim import SimProcess
@@ -54,24 +54,15 @@ def _insert(engine: Engine, operation_id: str, column: str, literal: str) -> Non
         )
 
 
+def _fill(engine: Engine) -> None:
+    _insert_every_state(engine)
+    for op_id, (column, literal) in _old_rows(engine.dialect.name).items():
+        _insert(engine, op_id, column, literal)
+
+
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
 def at_0002(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    if request.param == "sqlite":
-        url = f"sqlite:///{tmp_path / 'old.db'}"
-    else:
-        admin = request.getfixturevalue("pg_admin_dsn")
-        url = new_pg_database(admin, migrated=False)
-    engine = db.create_engine(url)
-    try:
-        assert migrate.upgrade(engine, revision="0002") == "0002"
-        _insert_every_state(engine)
-        for op_id, (column, literal) in _old_rows(engine.dialect.name).items():
-            _insert(engine, op_id, column, literal)
-    finally:
-        engine.dispose()
-    yield url
-    if request.param == "postgres":
-        drop_pg_database(request.getfixturevalue("pg_admin_dsn"), url)
+    yield from database_at(request, tmp_path, "0002", _fill)
 
 
 def _statuses(engine: Engine) -> dict[str, tuple[str, str | None, int]]:
