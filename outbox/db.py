@@ -106,9 +106,14 @@ def is_sqlite(conn: Connection | Engine) -> bool:
     return conn.dialect.name == "sqlite"
 
 
-# A FATAL at connect means the server answered and said no; these say "not yet" instead.
-_TRANSIENT_FATAL = ("starting up", "shutting down", "in recovery", "too many clients",
-                    "not accepting connections", "terminating connection")
+# A FATAL at connect that no amount of waiting fixes: the database or role does not exist,
+# authentication or pg_hba.conf refuses, CONNECT is not granted. Every other FATAL ("the
+# database system is starting up / shutting down / not yet accepting connections / in
+# recovery mode", "too many clients", "terminating connection") says "not yet": a server
+# restarting or failing over says several of them in turn, and a replica started then
+# waits instead of exiting.
+_PERMANENT_FATAL = ("does not exist", "authentication failed", "pg_hba.conf",
+                    "permission denied", "is not permitted to log in")
 
 
 def connect_failure(exc: BaseException, url: str | None = None) -> tuple[bool, str]:
@@ -127,7 +132,7 @@ def connect_failure(exc: BaseException, url: str | None = None) -> tuple[bool, s
     code = getattr(orig, "sqlite_errorcode", None)
     if code is not None:
         return code & 0xFF in _SQLITE_UNOPENABLE_CODES, text
-    permanent = "FATAL:" in text and not any(t in text for t in _TRANSIENT_FATAL)
+    permanent = "FATAL:" in text and any(t in text for t in _PERMANENT_FATAL)
     return permanent, text.removeprefix("connection failed: ")
 
 

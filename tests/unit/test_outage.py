@@ -47,3 +47,32 @@ def test_a_busy_sqlite_is_an_outage_and_a_bad_statement_is_not(tmp_path: Path) -
     assert not db.is_outage(ValueError("a bug is not an outage"))
     holder.dispose()
     waiter.dispose()
+
+
+# What PostgreSQL 15 says at connect, word for word; the first five pass with time (a
+# restart or failover says several in turn), the rest never do.
+_NOT_YET = (
+    "FATAL:  the database system is starting up",
+    "FATAL:  the database system is shutting down",
+    "FATAL:  the database system is not yet accepting connections",
+    "FATAL:  the database system is in recovery mode",
+    "FATAL:  sorry, too many clients already",
+)
+_NEVER = (
+    'FATAL:  database "x" does not exist',
+    'FATAL:  role "x" does not exist',
+    'FATAL:  password authentication failed for user "x"',
+    'FATAL:  no pg_hba.conf entry for host "127.0.0.1", user "x", database "x", no encryption',
+    'FATAL:  permission denied for database "x"',
+    'FATAL:  role "x" is not permitted to log in',
+)
+
+
+@pytest.mark.parametrize("fatal", _NOT_YET + _NEVER)
+def test_a_connect_fatal_is_permanent_only_when_waiting_cannot_help(fatal: str) -> None:
+    import psycopg
+
+    text = f'connection failed: connection to server at "127.0.0.1", port 5432 failed: {fatal}'
+    permanent, reason = db.connect_failure(psycopg.OperationalError(text))
+    assert permanent == (fatal in _NEVER)
+    assert reason == text.removeprefix("connection failed: ")
