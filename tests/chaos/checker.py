@@ -92,8 +92,8 @@ class Report:
                 "sends_after_cancel", "cancelled_with_effect", "approval_required",
                 "revocations", "blocked_after_revocation", "sends_without_valid_approval",
                 "kills_and_pauses",
-                "rto_p50_seconds", "rto_p99_seconds", "max_lost_work", "drain_seconds",
-                "run_seconds")
+                "rto_p50_seconds", "rto_p99_seconds", "max_lost_work", "setup_seconds",
+                "fault_phase_seconds", "drain_seconds", "run_seconds")
         lines.append("  ".join(f"{k}={f.get(k)}" for k in keys if k in f))
         lines.append(f"failpoints fired: {self.failpoint_hits}  by action:"
                      f" {self.failpoint_actions}")

@@ -678,6 +678,8 @@ class Runner:
                            budget=10, control=cfg.control, effect_log=self.sim.effects())
             report.figures.update(rto_figures(check_engine, self.kills))
             report.figures["drained"] = drained
+            report.figures["setup_seconds"] = round(self._t0 - started, 1)
+            report.figures["fault_phase_seconds"] = round(fault_end - self._t0, 1)
             report.figures["drain_seconds"] = round(drain_seconds, 1)
             report.figures["run_seconds"] = round(time.monotonic() - started, 1)
             report.figures["nemesis"] = dict(sorted(self.counts.items()))
