@@ -56,7 +56,7 @@ def resolve_tenant(conn: Connection, given: str | None) -> str:
 
 def _run(args: argparse.Namespace, action: Any) -> int:
     cfg = _load(args)
-    engine = db.create_engine(cfg.database.url, schema=cfg.database.schema)
+    engine = db.create_engine(cfg.database.url, **cfg.database.engine_args())
     try:
         with engine.begin() as conn:
             tenant = resolve_tenant(conn, args.tenant)

@@ -49,7 +49,7 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     if args.sql:
         sys.stdout.write(migrate.sql_script(cfg.database.url, cfg.database.schema))
         return EXIT_OK
-    engine = db.create_engine(cfg.database.url, schema=cfg.database.schema)
+    engine = db.create_engine(cfg.database.url, **cfg.database.engine_args())
     try:
         before = migrate.current(engine, cfg.database.schema)
         d = cfg.database

@@ -22,7 +22,8 @@ def config_error(key: str, problem: str, source: str | None) -> ConfigError:
 
 def echo_value(key: str, value: Any) -> str:
     """``, got VALUE`` for an error message, or nothing when ``key`` may hold a credential."""
-    if key == "database.url" or key.startswith("protection.") or _SECRETISH.search(key):
+    if (key in ("database.url", "database.listen_url", "database.options")
+            or key.startswith("protection.") or _SECRETISH.search(key)):
         return ""
     return f", got {value!r}"
 
@@ -48,7 +49,7 @@ def _plain(key: str, value: Any) -> Any:
 def config_to_dict(cfg: Config) -> dict[str, Any]:
     """A JSON-serialisable view for ``outboxd status`` and debugging, credentials redacted."""
     out: dict[str, Any] = {name: dataclasses.asdict(getattr(cfg, name)) for name in SECTIONS}
-    out["database"]["url"] = redact_url(cfg.database.url)
+    out["database"] = {k: _plain(k, v) for k, v in out["database"].items()}
     out["providers"] = {name: _plain(name, table) for name, table in cfg.providers.items()}
     out["source"] = cfg.source
     return out

@@ -33,6 +33,22 @@ def _check_identifier(name: str) -> str:
     return name
 
 
+def _check_options(options: Mapping[str, str]) -> Mapping[str, str]:
+    """Each key a libpq connection option (or psycopg's prepare_threshold)."""
+    import psycopg.conninfo
+
+    for key, value in options.items():
+        if key == "prepare_threshold":
+            if value.strip().lower() != "none" and not value.strip().isdigit():
+                raise ValueError('prepare_threshold must be an integer >= 0 or "none"')
+            continue
+        try:
+            psycopg.conninfo.make_conninfo("", **{key: value})
+        except psycopg.ProgrammingError:
+            raise ValueError(f"{key!r} is not a libpq connection option") from None
+    return options
+
+
 def _check_nonempty(text: str) -> str:
     if not text.strip():
         raise ValueError("must not be empty")
@@ -50,6 +66,20 @@ class DatabaseConfig:
     and lets several deployments share a database; not supported with SQLite."""
     pool_size: int = field(default=5, metadata={"ge": 1})
     """Connections per replica. More helps concurrent writes; each costs a server backend."""
+    pooler: str = field(
+        default="none", metadata={"choices": ("none", "session", "transaction")}
+    )
+    """What sits between the replicas and PostgreSQL. transaction (PgBouncer's
+    pool_mode = transaction): nothing is prepared server-side (a statement name would
+    resolve to another client's statement), the schema is set per transaction, and LISTEN
+    goes over listen_url or is off (polling, with a warning). session: as none."""
+    listen_url: str | None = field(default=None, metadata={"check": _check_db_url})
+    """PostgreSQL URL for the LISTEN connection only (direct, or through a session pooler),
+    when url goes through a transaction pooler; None: the same server as url."""
+    options: Mapping[str, str] = field(default_factory=dict, metadata={"check": _check_options})
+    """libpq connection options passed to the driver as they are (application_name,
+    sslmode, sslrootcert, target_session_attrs, ...), plus psycopg's prepare_threshold
+    (an integer, or "none" for never)."""
     max_payload_bytes: int = field(default=262144, metadata={"gt": 0})
     """Largest canonical JSON payload accepted. Large payloads bloat the table and every send."""
     connect_timeout_seconds: float = field(default=5.0, metadata={"gt": 0})
@@ -67,6 +97,12 @@ class DatabaseConfig:
         default="outbox_retention", metadata={"check": _check_identifier}
     )
     """PostgreSQL role for the purge path (`outboxd purge`, the retention job)."""
+
+    def engine_args(self) -> dict[str, Any]:
+        """What :func:`outbox.db.create_engine` takes from this section besides the URL."""
+        return {"schema": self.schema, "pool_size": self.pool_size,
+                "connect_timeout": self.connect_timeout_seconds, "pooler": self.pooler,
+                "options": self.options}
 
 
 @dataclass(frozen=True)

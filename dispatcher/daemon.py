@@ -66,9 +66,7 @@ class Daemon:
         self.protection = protection_of(config)  # keys resolved now: a bad one stops start-up
         self.engine: Engine = db.create_engine(
             config.database.url,
-            schema=config.database.schema,
-            pool_size=config.database.pool_size,
-            connect_timeout=config.database.connect_timeout_seconds,
+            **config.database.engine_args(),
             pre_ping=False,  # see outbox.db.create_engine
         )
         self.providers = (
@@ -274,22 +272,47 @@ class Daemon:
         if counts.requeued:
             self.worker.kick.set()
 
-    def _start_listener(self) -> threading.Thread | None:
+    def _listen_args(self) -> tuple[list[Any], dict[str, Any]] | None:
+        """How the LISTEN connection connects: over ``database.listen_url`` when given, else
+        as the engine does; None (polling only, said once at start-up and on ``/readyz``)
+        behind a transaction pooler without a listen_url, where a LISTEN would hold a server
+        connection the pooler hands to others and hear nothing."""
+        d = self.config.database
         if self.engine.dialect.name != "postgresql" or not self.config.dispatcher.listen:
             return None
-        url = self.engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
+        if d.listen_url is None and d.pooler == "transaction":
+            warning = ("LISTEN is off: database.pooler = transaction and no database.listen_url"
+                       " (a direct or session-pooled URL); new rows are found by polling every"
+                       f" {self.config.dispatcher.poll_interval_ms} ms")
+            log.warning(warning)
+            self.health.warnings.append(warning)
+            return None
+        url = self.engine.url
+        if d.listen_url is not None:
+            url = sa.engine.make_url(db.normalise_url(d.listen_url))
+        # the dialect's own translation of the URL: every multi-host form the engine takes
+        url, options = db.driver_options(url, d.options, "session")
+        cargs, cparams = self.engine.dialect.create_connect_args(url)
+        options.pop("prepare_threshold", None)
+        options.setdefault("connect_timeout", max(1, int(d.connect_timeout_seconds)))
+        return list(cargs), {**cparams, **options, "autocommit": True}
+
+    def _start_listener(self) -> threading.Thread | None:
+        args = self._listen_args()
+        if args is None:
+            return None
         thread = threading.Thread(
-            target=self._listen, args=(url,), name="outboxd-listen", daemon=True
+            target=self._listen, args=args, name="outboxd-listen", daemon=True
         )
         thread.start()
         return thread
 
-    def _listen(self, dsn: str) -> None:
+    def _listen(self, cargs: list[Any], cparams: dict[str, Any]) -> None:
         import psycopg
 
         while not self.stopping.is_set():
             try:
-                with psycopg.connect(dsn, autocommit=True, connect_timeout=5) as conn:
+                with psycopg.connect(*cargs, **cparams) as conn:
                     conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
                     while not self.stopping.is_set():
                         for _ in conn.notifies(timeout=1.0, stop_after=1):

@@ -25,6 +25,7 @@ class Health:
         self.last_beat = time.monotonic()
         self.wedged_after = wedged_after
         self.ready_check: Callable[[], str | None] = lambda: None
+        self.warnings: list[str] = []  # said on /readyz without making it fail
 
     def beat(self) -> None:
         self.last_beat = time.monotonic()
@@ -45,7 +46,8 @@ def serve(host: str, port: int, health: Health) -> ThreadingHTTPServer:
             elif self.path.startswith("/readyz"):
                 problem = health.ready_check()
                 self._json(
-                    200 if problem is None else 503, {"ready": problem is None, "problem": problem}
+                    200 if problem is None else 503,
+                    {"ready": problem is None, "problem": problem, "warnings": health.warnings},
                 )
             else:
                 self._json(404, {"error": "not found"})

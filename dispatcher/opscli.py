@@ -66,7 +66,7 @@ def _table(rows: list[dict[str, Any]], columns: Sequence[str]) -> str:
 
 def _run(args: argparse.Namespace, action: Action, *, tenant: bool = True) -> int:
     cfg = _load(args)
-    engine = db.create_engine(cfg.database.url, schema=cfg.database.schema)
+    engine = db.create_engine(cfg.database.url, **cfg.database.engine_args())
     try:
         with engine.begin() as conn:
             if tenant:

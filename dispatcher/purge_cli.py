@@ -20,7 +20,7 @@ from outbox.retention import erase_tenant
 
 def _engine(args: argparse.Namespace) -> tuple[Any, Any]:
     cfg = cli._load(args)
-    engine = db.create_engine(cfg.database.url, schema=cfg.database.schema)
+    engine = db.create_engine(cfg.database.url, **cfg.database.engine_args())
     return cfg, engine
 
 

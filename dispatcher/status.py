@@ -22,7 +22,7 @@ RECENT_SECONDS = 300
 
 
 def collect(cfg: Config) -> dict[str, Any]:
-    engine = db.create_engine(cfg.database.url, schema=cfg.database.schema)
+    engine = db.create_engine(cfg.database.url, **cfg.database.engine_args())
     try:
         with engine.connect() as conn:
             return collect_from(conn)

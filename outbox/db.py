@@ -8,7 +8,7 @@ PostgreSQL: psycopg 3, pre-ping, a connect timeout, and an optional schema appli
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
@@ -35,6 +35,33 @@ def normalise_url(url: str) -> str:
     return url
 
 
+POOLERS = ("none", "session", "transaction")
+
+
+def driver_options(
+    url: sa.URL, options: Mapping[str, str] | None, pooler: str
+) -> tuple[sa.URL, dict[str, Any]]:
+    """The URL without what is not a libpq option, and psycopg's connect arguments.
+
+    ``prepare_threshold`` (from ``options`` or the URL's query) becomes psycopg's integer or
+    None; under a transaction pooler it defaults to None: a server-side prepared statement
+    lives on one server connection, and the pooler hands the next transaction another one
+    (where the name is unknown, or names another client's statement)."""
+    args: dict[str, Any] = dict(options or {})
+    query = dict(url.query)
+    if "prepare_threshold" in query:
+        args.setdefault("prepare_threshold", query.pop("prepare_threshold"))
+        url = url.set(query=query)
+    if pooler == "transaction":
+        args.setdefault("prepare_threshold", "none")
+    if "prepare_threshold" in args:
+        raw = str(args["prepare_threshold"]).strip().lower()
+        if raw != "none" and not raw.isdigit():
+            raise ValueError('prepare_threshold must be an integer >= 0 or "none"')
+        args["prepare_threshold"] = None if raw == "none" else int(raw)
+    return url, args
+
+
 def create_engine(
     url: str,
     *,
@@ -42,6 +69,8 @@ def create_engine(
     pool_size: int = 5,
     connect_timeout: float = 5.0,
     pre_ping: bool = True,
+    pooler: str = "none",
+    options: Mapping[str, str] | None = None,
     **kwargs: Any,
 ) -> Engine:
     """An engine configured for the outbox on SQLite or PostgreSQL.
@@ -49,7 +78,13 @@ def create_engine(
     ``pre_ping`` tests each pooled connection with a round trip before use. The daemon
     turns it off: it treats any database error as an outage (back off, retry; a
     disconnect invalidates the whole pool), so the extra round trip per transaction buys
-    it nothing."""
+    it nothing.
+
+    ``pooler="transaction"``: nothing depends on session state, because the pooler gives
+    each transaction whichever server connection is free: no prepared statements (see
+    :func:`driver_options`), and the schema's ``search_path`` is set in every transaction
+    (``set_config(..., true)``, which ends with it) instead of once per connection.
+    ``options``: libpq connection options (and ``prepare_threshold``) for the driver."""
     url = normalise_url(url)
     if url.startswith("sqlite"):
         engine = sa.create_engine(
@@ -59,12 +94,16 @@ def create_engine(
         )
         _configure_sqlite(engine)
         return engine
+    if pooler not in POOLERS:
+        raise ValueError(f"pooler must be one of {', '.join(POOLERS)}")
+    parsed, connect_args = driver_options(sa.engine.make_url(url), options, pooler)
+    connect_args.setdefault("connect_timeout", max(1, int(connect_timeout)))
     engine = sa.create_engine(
-        url,
+        parsed,
         pool_size=pool_size,
         max_overflow=pool_size,
         pool_pre_ping=pre_ping,
-        connect_args={"connect_timeout": max(1, int(connect_timeout))},
+        connect_args=connect_args,
         **kwargs,
     )
 
@@ -72,7 +111,17 @@ def create_engine(
     def _time_loaders(dbapi_conn: Any, _rec: Any) -> None:
         decoding.register_pg_time_loaders(dbapi_conn)
 
-    if schema:
+    if schema and pooler == "transaction":
+        engine = engine.execution_options(schema_translate_map={None: schema})
+
+        @event.listens_for(engine, "begin")
+        def _search_path_per_transaction(conn: Connection) -> None:
+            conn.exec_driver_sql(
+                "SELECT set_config('search_path', %(path)s, true)",
+                {"path": f'"{schema}", public'},
+            )
+
+    elif schema:
         engine = engine.execution_options(schema_translate_map={None: schema})
 
         @event.listens_for(engine, "connect")

@@ -40,7 +40,8 @@ def test_readyz_is_503_until_the_database_is_migrated(tmp_path: Path) -> None:
         assert code == 200 and body["alive"] is True
 
         migrate.upgrade(daemon.engine)
-        assert http_json(f"{base}/readyz") == (200, {"ready": True, "problem": None})
+        assert http_json(f"{base}/readyz") == (
+            200, {"ready": True, "problem": None, "warnings": []})
     finally:
         server.shutdown()
         server.server_close()
@@ -58,7 +59,7 @@ def test_readyz_without_providers_and_healthz_when_the_loop_is_wedged(
     base = f"http://127.0.0.1:{server.server_port}"
     try:
         assert http_json(f"{base}/readyz") == (
-            503, {"ready": False, "problem": "no providers configured"})
+            503, {"ready": False, "problem": "no providers configured", "warnings": []})
         daemon.health.beat()
         assert http_json(f"{base}/healthz")[0] == 200
         wait_until(lambda: http_json(f"{base}/healthz")[0] == 503, timeout=10,
@@ -125,3 +126,26 @@ def test_run_refuses_an_unmigrated_database(tmp_path: Path) -> None:
     text = d.log_text()
     assert "outboxd migrate" in text
     assert json.dumps("metrics endpoint listening") not in text
+
+
+@pytest.mark.postgres
+def test_a_transaction_pooler_without_listen_url_is_said_on_readyz(
+    pg_url: str, tmp_path: Path
+) -> None:
+    path = write_config(tmp_path, pg_url, NULL_PROVIDER)
+    path.write_text(path.read_text().replace("[database]\n",
+                                             '[database]\npooler = "transaction"\n'))
+    daemon = Daemon(load_config(path, env={}))
+    server = httpserver.serve("127.0.0.1", 0, daemon.health)
+    try:
+        assert daemon._start_listener() is None  # polling only, and said
+        code, body = http_json(f"http://127.0.0.1:{server.server_port}/readyz")
+        assert code == 200 and body["ready"] is True
+        assert [w.split(";")[0] for w in body["warnings"]] == [
+            "LISTEN is off: database.pooler = transaction and no database.listen_url (a direct"
+            " or session-pooled URL)"]
+    finally:
+        server.shutdown()
+        server.server_close()
+        daemon.worker.close()
+        daemon.engine.dispose()

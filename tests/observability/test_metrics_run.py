@@ -243,7 +243,7 @@ def test_health_endpoints_of_the_running_daemon(run: Run) -> None:
     assert (code, ctype) == (200, "application/json")
     assert json.loads(body)["alive"] is True
     code, body, _ = http_get(f"http://127.0.0.1:{run.port}/readyz")
-    assert code == 200 and json.loads(body) == {"ready": True, "problem": None}
+    assert code == 200 and json.loads(body) == {"ready": True, "problem": None, "warnings": []}
     assert http_get(f"http://127.0.0.1:{run.port}/nope")[0] == 404
 
 

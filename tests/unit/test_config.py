@@ -379,3 +379,50 @@ def test_env_none_reads_os_environ() -> None:
     if any(k.upper().startswith("OUTBOXD_") for k in os.environ):
         pytest.skip("the test process has OUTBOXD_* variables set")
     assert load_config(None, None, search_default=False).database.url == "sqlite:///outbox.db"
+
+
+# --- poolers and driver options ---------------------------------------------------------------
+
+
+def test_database_options_reach_the_engine_as_driver_arguments(tmp_path: Path) -> None:
+    import sqlalchemy as sa
+
+    from outbox import db
+
+    path = write(tmp_path, '[database]\nurl = "postgresql://u@h/d?prepare_threshold=0"\n'
+                 'pooler = "transaction"\n'
+                 'options = { application_name = "outboxd-a", sslmode = "prefer" }\n')
+    d = load_config(path, {}).database
+    assert d.pooler == "transaction" and d.options["application_name"] == "outboxd-a"
+    # the URL's prepare_threshold (not a libpq option) becomes psycopg's integer
+    url, args = db.driver_options(sa.engine.make_url(db.normalise_url(d.url)), d.options,
+                                  d.pooler)
+    assert args == {"application_name": "outboxd-a", "sslmode": "prefer",
+                    "prepare_threshold": 0}
+    assert "prepare_threshold" not in url.query
+    # a transaction pooler with nothing said: never prepare
+    _, args = db.driver_options(sa.engine.make_url("postgresql+psycopg://u@h/d"), {},
+                                "transaction")
+    assert args == {"prepare_threshold": None}
+    _, args = db.driver_options(sa.engine.make_url("postgresql+psycopg://u@h/d"), {}, "none")
+    assert args == {}
+
+
+@pytest.mark.parametrize(("text", "says"), [
+    ('options = { sslmod = "require" }', "'sslmod' is not a libpq connection option"),
+    ('options = { prepare_threshold = "soon" }', "prepare_threshold must be an integer"),
+    ("options = { connect_timeout = 10 }", "must be a table of strings"),
+    ('pooler = "statement"', "must be one of none, session, transaction"),
+])
+def test_bad_database_options_name_what_to_fix(tmp_path: Path, text: str, says: str) -> None:
+    err = error_for(tmp_path, f"[database]\n{text}\n")
+    assert says in str(err) and err.fields["key"].startswith("database.")
+
+
+def test_listen_url_and_option_credentials_are_redacted(tmp_path: Path) -> None:
+    path = write(tmp_path, PROVIDER + '[database]\nurl = "postgresql://a:pw1@h/d"\n'
+                 'listen_url = "postgresql://a:pw2@h2/d"\n'
+                 'options = { sslpassword = "pw3", application_name = "x" }\n')
+    text = json.dumps(config_to_dict(load_config(path, {})))
+    assert "pw1" not in text and "pw2" not in text and "pw3" not in text
+    assert '"application_name": "x"' in text

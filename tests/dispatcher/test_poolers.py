@@ -1,0 +1,97 @@
+"""Behind a real PgBouncer (Debian's package, a process of this test's own): two replicas
+drain every row exactly once in transaction and in session pooling, and no statement runs
+under another client's prepared-statement name (psycopg prepares nothing under a
+transaction pooler)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+
+from outbox import db, migrate
+from tests.dispatcher import assert_once_each, config, stage
+from tests.support.daemon import DaemonProcess, settled, wait_until
+from tests.support.pgbouncer import PgBouncer, binary
+from tests.support.sim import SimProcess
+
+N = 1000
+# what a pooler breaks when the driver assumes one server connection per client
+STATEMENT_ERRORS = ("prepared statement", "InvalidSqlStatementName",
+                    "DuplicatePreparedStatement", "bind message supplies",
+                    "database unavailable", "does not exist")
+
+pytestmark = [pytest.mark.slow, pytest.mark.postgres]
+
+
+@pytest.fixture
+def bouncer_binary() -> str:
+    found = binary()
+    if found is None:
+        pytest.fail("pgbouncer is not installed: .ci/run installs Debian's package pgbouncer")
+    return found
+
+
+def _listening(engine: Engine) -> int:
+    """Backends of this database waiting in LISTEN (seen on the server, past any pooler)."""
+    with engine.connect() as conn:
+        return int(conn.execute(sa.text(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+            " AND query LIKE 'LISTEN %'")).scalar_one())
+
+
+def _drain_through(tmp_path: Path, pg_url: str, pg_admin_dsn: str, mode: str,
+                   database: dict[str, Any]) -> tuple[list[DaemonProcess], int]:
+    schema = database.get("schema")
+    engine = db.create_engine(pg_url, schema=schema)
+    if schema:  # the tables in a schema of their own, found per transaction
+        migrate.upgrade(engine, schema=schema)
+    ids = stage(engine, N, per_task=100)
+    with PgBouncer(tmp_path, upstream=pg_admin_dsn, mode=mode,
+                   reset_always=bool(schema)) as bouncer, \
+            SimProcess(tmp_path) as sim:
+        url = bouncer.url_for(pg_url)
+        replicas = [DaemonProcess(config(tmp_path, url, sim, lease_seconds=5.0,
+                                         worker_id=f"r{i}", name=f"r{i}.toml",
+                                         database=database,
+                                         dispatcher={"batch_size": 50, "concurrency": 16}))
+                    for i in range(2)]
+        with replicas[0], replicas[1]:
+            wait_until(lambda: settled(engine, N), timeout=120)
+            listening = _listening(engine)
+        assert_once_each(sim, ids)
+    engine.dispose()
+    return replicas, listening
+
+
+@pytest.mark.parametrize("listen", ["no-listen-url", "listen-url", "schema"])
+def test_transaction_pooling_applies_every_row_once_with_no_statement_errors(
+    bouncer_binary: str, tmp_path: Path, pg_url: str, pg_admin_dsn: str, listen: str
+) -> None:
+    database: dict[str, Any] = {"pooler": "transaction"}
+    if listen == "listen-url":
+        database["listen_url"] = pg_url  # direct: LISTEN needs a connection of its own
+    if listen == "schema":  # search_path is session state a transaction pooler loses
+        database["schema"] = "obx"
+    replicas, listening = _drain_through(tmp_path, pg_url, pg_admin_dsn, "transaction",
+                                         database)
+    for r in replicas:
+        log = r.log_text()
+        assert not [e for e in STATEMENT_ERRORS if e in log], log[-3000:]
+        # never silently: without a listen_url the replica says it polls
+        assert ("LISTEN is off" in log) == (listen != "listen-url"), log[-3000:]
+    assert listening == (2 if listen == "listen-url" else 0)
+
+
+def test_session_pooling_applies_every_row_once(
+    bouncer_binary: str, tmp_path: Path, pg_url: str, pg_admin_dsn: str
+) -> None:
+    replicas, listening = _drain_through(tmp_path, pg_url, pg_admin_dsn, "session",
+                                         {"pooler": "session"})
+    for r in replicas:
+        log = r.log_text()
+        assert not [e for e in STATEMENT_ERRORS if e in log], log[-3000:]
+    assert listening == 2  # through the session pooler: a server connection each
