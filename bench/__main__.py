@@ -16,7 +16,7 @@ from pathlib import Path
 
 from bench import daemon_runs as d
 from bench import harness as h
-from bench import http_compare, latency, raw, sqlite_run
+from bench import http_compare, latency, pooler_run, raw, sqlite_run
 
 
 def _fresh(fn):  # type: ignore[no-untyped-def]
@@ -237,6 +237,13 @@ def main(argv: list[str] | None = None) -> int:
                 ">= 1.3" if batch == 10 else ">= 1.0",
             )
         )
+
+    h.log("9. transaction pooling (PgBouncer) vs direct")
+    pooled = pooler_run.pooled_vs_direct(runs, scale_rows)
+    if pooled is not None:
+        figs += list(pooled)
+        ratios.append(("PgBouncer transaction pooling / direct, 2 replicas, batch 100",
+                       pooled[1].median / pooled[0].median, ">= 0.8"))
 
     h.log("10. checkpoint cost: advance() with one staged operation")
     with h.scratch_database() as dsn:

@@ -37,11 +37,13 @@ def fill(dsn: str, rows: int, provider: str = "sink", start: int = 0) -> None:
         conn.commit()
 
 
-def write_config(directory: Path, dsn: str, *, batch: int, provider: str) -> Path:
+def write_config(directory: Path, dsn: str, *, batch: int, provider: str,
+                 database: str = "") -> Path:
     path = directory / "bench.toml"
     path.write_text(f"""
 [database]
 url = "{sa_url(dsn)}"
+{database}
 [dispatcher]
 batch_size = {batch}
 concurrency = {max(32, batch)}
@@ -76,12 +78,16 @@ def drain(
     replicas: int = 1,
     provider: str = NULL_PROVIDER,
     timeout: float = 300,
+    via: str | None = None,
+    database: str = "",
 ) -> dict[str, float]:
     """Start ``replicas`` daemons on a filled backlog and wait until it is applied.
     Returns rows/s (first claim to last applied, on the database clock), commits per op
-    and the peak RSS of the first replica."""
+    and the peak RSS of the first replica. ``via``: the DSN the daemons use (a pooler in
+    front of ``dsn``), with ``database`` added to their ``[database]`` table."""
     with tempfile.TemporaryDirectory() as tmp:
-        cfg = write_config(Path(tmp), dsn, batch=batch, provider=provider)
+        cfg = write_config(Path(tmp), via or dsn, batch=batch, provider=provider,
+                           database=database)
         commits_before = xact_commits(dsn)
         procs = [
             subprocess.Popen(

@@ -61,6 +61,7 @@ class PgBouncer:
             f"server_reset_query_always = {int(self.reset_always)}\n"
             "ignore_startup_parameters = extra_float_digits\n"
             "log_connections = 0\nlog_disconnections = 0\n"
+            f"admin_users = {user}\n"
         )
         for path in (ini, self.dir / "userlist.txt"):
             path.chmod(0o644)
