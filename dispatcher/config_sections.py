@@ -21,7 +21,19 @@ def _check_db_url(url: str) -> str:
     if not sep:
         raise ValueError("must be a URL: sqlite:///PATH or postgresql+psycopg://USER@HOST/DB")
     if scheme.lower() in ("postgres", "postgresql", "postgresql+psycopg"):
-        return "postgresql+psycopg://" + rest
+        from sqlalchemy.engine import make_url
+
+        from outbox.db import normalise_url
+
+        url = normalise_url("postgresql+psycopg://" + rest)
+        try:
+            make_url(url)
+        except ValueError:  # the reason would quote the URL: say what to write instead
+            raise ValueError(
+                "cannot be read (a port that is not a number?); several hosts are written "
+                "postgresql://USER@HOST1:PORT1,HOST2:PORT2/DB?target_session_attrs=read-write"
+            ) from None
+        return url
     if scheme.lower() in ("sqlite", "sqlite+pysqlite"):
         return url.strip()
     raise ValueError(f"has unsupported scheme {scheme!r} (use sqlite:/// or postgresql+psycopg://)")

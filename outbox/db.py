@@ -8,6 +8,7 @@ PostgreSQL: psycopg 3, pre-ping, a connect timeout, and an optional schema appli
 
 from __future__ import annotations
 
+import urllib.parse
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
@@ -28,11 +29,54 @@ _SQLITE_UNOPENABLE_CODES = frozenset({3, 8, 14, 26})
 
 
 def normalise_url(url: str) -> str:
-    """Accept ``postgres://`` and ``postgresql://`` and use the psycopg 3 driver."""
+    """Accept ``postgres://`` and ``postgresql://`` and use the psycopg 3 driver; spell
+    several hosts the one way SQLAlchemy and libpq both read (see :func:`_host_list`)."""
     for prefix in ("postgres://", "postgresql://"):
         if url.startswith(prefix):
-            return "postgresql+psycopg://" + url[len(prefix) :]
+            url = "postgresql+psycopg://" + url[len(prefix) :]
+    if url.startswith("postgresql+psycopg://"):
+        url = _host_list(url)
     return url
+
+
+def _split_host(item: str) -> tuple[str, str]:
+    """``host:port``, ``[v6]:port``, ``host`` or ``/socket/dir`` as (host, port or "")."""
+    if item.startswith("["):
+        host, _, rest = item[1:].partition("]")
+        return host, rest.removeprefix(":")
+    if item.startswith("/") or item.count(":") != 1:
+        return item, ""
+    host, _, port = item.partition(":")
+    return host, port
+
+
+def _host_list(url: str) -> str:
+    """Several hosts as ``?host=a,b&port=p,q``: libpq's URI form ``user@a:p,b:q/db`` (which
+    SQLAlchemy cannot parse) and ``?host=a:p,b:q`` (whose ports libpq would read as part of
+    the host name) are rewritten to it; other spellings are left as they are."""
+    scheme, _, rest = url.partition("://")
+    rest, _, query = rest.partition("?")
+    netloc, _, path = rest.partition("/")
+    userinfo, at, hostlist = netloc.rpartition("@")
+    pairs = urllib.parse.parse_qsl(query, keep_blank_values=True)
+    items: list[str] = []
+    if "," in hostlist:
+        items, hostlist = hostlist.split(","), ""
+    else:
+        listed = [v for k, v in pairs if k == "host"]
+        if len(listed) == 1 and "," in listed[0] and any(
+            _split_host(h)[1] for h in listed[0].split(",")
+        ):
+            items = listed[0].split(",")
+    if not items:
+        return url
+    hosts, ports = zip(*(_split_host(i.strip()) for i in items), strict=True)
+    if any(ports) and not all(ports):
+        ports = tuple(p or "5432" for p in ports)
+    pairs = [(k, v) for k, v in pairs if k != "host" and not (k == "port" and any(ports))]
+    pairs += [("host", ",".join(hosts))] + ([("port", ",".join(ports))] if any(ports) else [])
+    netloc = f"{userinfo}{at}{hostlist}"
+    return f"{scheme}://{netloc}/{path}?{urllib.parse.urlencode(pairs, safe=',:/[]')}"
 
 
 POOLERS = ("none", "session", "transaction")
@@ -188,6 +232,13 @@ def connect_failure(exc: BaseException, url: str | None = None) -> tuple[bool, s
 _SHAPE_RULES = ("is nested deeper than", "outside the range of a double", "is not a timestamp")
 
 
+# SQLSTATE classes of a server that cannot serve: connection exception, insufficient
+# resources, operator intervention (shutdown, "cannot connect now"), system error. Others
+# (a lock timeout, a cancelled statement, a prepared statement a pooler lost) are errors
+# of a statement, not an outage, even where psycopg calls them OperationalError.
+_PG_OUTAGE_CLASSES = frozenset({"08", "53", "57", "58"})
+
+
 def is_outage(exc: BaseException) -> bool:
     """Whether ``exc`` means the database could not be used at all (connection refused
     or lost, server shutting down, SQLite busy or locked): the dispatcher backs off and
@@ -199,6 +250,9 @@ def is_outage(exc: BaseException) -> bool:
     code = getattr(getattr(exc, "orig", None), "sqlite_errorcode", None)
     if code is not None:  # SQLite says OperationalError for bad statements too
         return code & 0xFF in _SQLITE_OUTAGE_CODES
+    sqlstate = getattr(getattr(exc, "orig", None), "sqlstate", None)
+    if sqlstate:  # the server answered: an outage only in the classes that say so
+        return sqlstate[:2] in _PG_OUTAGE_CLASSES
     return isinstance(
         exc, sa.exc.OperationalError | sa.exc.InterfaceError | sa.exc.DisconnectionError
     )

@@ -28,6 +28,18 @@ def test_a_statement_postgresql_refuses_is_not_an_outage(pg_url: str) -> None:
     try:
         assert not db.is_outage(_error_of(engine, "SELECT 1 / 0"))  # DataError
         assert not db.is_outage(_error_of(engine, "SELECT * FROM no_such_table"))
+        # psycopg calls these OperationalError; they are a statement's, not an outage
+        with engine.connect() as holder:
+            holder.execute(sa.text("CREATE TABLE locked (x int)"))
+            holder.commit()
+            holder.execute(sa.text("LOCK TABLE locked"))
+            lock_timeout = _error_of(engine, "SET lock_timeout = '10ms'; LOCK TABLE locked")
+            holder.rollback()
+        assert getattr(getattr(lock_timeout, "orig", None), "sqlstate", None) == "55P03"
+        assert not db.is_outage(lock_timeout)
+        # a connection the server ends (pg_terminate_backend: 57P01) is one
+        terminated = _error_of(engine, "SELECT pg_terminate_backend(pg_backend_pid())")
+        assert db.is_outage(terminated)
         # a timestamp Python cannot hold is read (clamped), not an error
         with engine.connect() as conn:
             assert conn.execute(sa.text("SELECT CAST('infinity' AS timestamptz)")).scalar_one()
