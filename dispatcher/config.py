@@ -20,6 +20,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from sqlalchemy.engine import make_url
+
 from dispatcher.config_redaction import REDACTED, config_error, config_to_dict, redact_url
 from dispatcher.config_sections import (
     PROTECT_KEY,
@@ -33,6 +35,7 @@ from dispatcher.config_sections import (
     RetentionConfig,
 )
 from dispatcher.config_values import RawValue, build_section, env_provider_value, freeze
+from outbox import db
 from outbox.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -179,6 +182,19 @@ def load_config(
         raise config_error(
             "database.schema", "is only supported with PostgreSQL", values["database"]["schema"][1]
         )
+    d = sections["database"]
+    for key, set_ in (("pooler", d.pooler != "none"), ("listen_url", d.listen_url is not None),
+                      ("options", bool(d.options))):
+        if set_ and d.url.startswith("sqlite"):
+            raise config_error(f"database.{key}", "is only supported with PostgreSQL",
+                               values["database"][key][1])
+    if d.url.startswith("postgresql"):
+        try:  # the URL's query and the options together, as the engine will read them
+            db.driver_options(make_url(d.url), d.options, d.pooler)
+        except ValueError as exc:
+            why = (" (a prepared statement's name would resolve on another client's server"
+                   " connection)" if d.pooler == "transaction" else "")
+            raise config_error("database.options", f"{exc}{why}", source) from None
     _check_protection(sections["protection"], providers, values["protection"], origin, source)
     return Config(**sections, providers=freeze(providers), source=source)
 

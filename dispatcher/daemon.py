@@ -156,6 +156,7 @@ class Daemon:
         if not self._wait_for_database():
             log.info("stopped before the database was reachable")
             return 0
+        self._guarded("pooler check", self._check_for_a_pooler)
         m = self.config.metrics
         metrics.init_labels(self.providers)
         if m.enabled and not once:
@@ -271,6 +272,26 @@ class Daemon:
         counts = self.reconciler.run_once()
         if counts.requeued:
             self.worker.kick.set()
+
+    def _check_for_a_pooler(self) -> None:
+        """Say so when something sits between this replica and PostgreSQL that
+        ``database.pooler`` does not mention: the server's port is not the one connected
+        to. Prepared statements are off in any case (:func:`outbox.db.driver_options`);
+        what a transaction pooler would still break unseen is LISTEN."""
+        if self.engine.dialect.name != "postgresql" or self.config.database.pooler != "none":
+            return
+        with self.engine.connect() as conn:
+            server_port = conn.exec_driver_sql("SELECT inet_server_port()").scalar()
+            dbapi = conn.connection.dbapi_connection
+            client_port = getattr(getattr(dbapi, "info", None), "port", None)
+        if server_port is None or client_port is None or int(client_port) == int(server_port):
+            return  # a Unix socket, or the server itself
+        warning = (f"connected to port {client_port} but the server listens on {server_port}:"
+                   " a pooler or proxy sits in between; if it pools transactions (PgBouncer"
+                   ' pool_mode = transaction), set database.pooler = "transaction", or'
+                   " LISTEN through it hears nothing")
+        log.warning(warning)
+        self.health.warnings.append(warning)
 
     def _listen_args(self) -> tuple[list[Any], dict[str, Any]] | None:
         """How the LISTEN connection connects: over ``database.listen_url`` when given, else

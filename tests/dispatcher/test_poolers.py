@@ -95,3 +95,24 @@ def test_session_pooling_applies_every_row_once(
         log = r.log_text()
         assert not [e for e in STATEMENT_ERRORS if e in log], log[-3000:]
     assert listening == 2  # through the session pooler: a server connection each
+
+
+def test_a_pooler_the_configuration_does_not_mention_is_said(
+    bouncer_binary: str, tmp_path: Path, pg_url: str, pg_admin_dsn: str
+) -> None:
+    from dispatcher.config import load_config
+    from dispatcher.daemon import Daemon
+    from tests.support.daemon import write_config
+
+    with PgBouncer(tmp_path, upstream=pg_admin_dsn, mode="transaction") as bouncer:
+        for url, said in ((bouncer.url_for(pg_url), True), (pg_url, False)):
+            path = write_config(tmp_path, url, {"sink": {"kind": "null"}})
+            daemon = Daemon(load_config(path, env={}))
+            try:
+                daemon._check_for_a_pooler()
+                assert bool(daemon.health.warnings) == said, daemon.health.warnings
+                assert not said or 'set database.pooler = "transaction"' in \
+                    daemon.health.warnings[0]
+            finally:
+                daemon.worker.close()
+                daemon.engine.dispose()

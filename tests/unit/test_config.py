@@ -390,29 +390,35 @@ def test_database_options_reach_the_engine_as_driver_arguments(tmp_path: Path) -
     from outbox import db
 
     path = write(tmp_path, '[database]\nurl = "postgresql://u@h/d?prepare_threshold=0"\n'
-                 'pooler = "transaction"\n'
+                 'pooler = "session"\n'
                  'options = { application_name = "outboxd-a", sslmode = "prefer" }\n')
     d = load_config(path, {}).database
-    assert d.pooler == "transaction" and d.options["application_name"] == "outboxd-a"
+    assert d.pooler == "session" and d.options["application_name"] == "outboxd-a"
     # the URL's prepare_threshold (not a libpq option) becomes psycopg's integer
     url, args = db.driver_options(sa.engine.make_url(db.normalise_url(d.url)), d.options,
                                   d.pooler)
     assert args == {"application_name": "outboxd-a", "sslmode": "prefer",
                     "prepare_threshold": 0}
     assert "prepare_threshold" not in url.query
-    # a transaction pooler with nothing said: never prepare
-    _, args = db.driver_options(sa.engine.make_url("postgresql+psycopg://u@h/d"), {},
-                                "transaction")
-    assert args == {"prepare_threshold": None}
-    _, args = db.driver_options(sa.engine.make_url("postgresql+psycopg://u@h/d"), {}, "none")
-    assert args == {}
+    # nothing said: never prepare, with a pooler or without
+    for pooler in ("transaction", "session", "none"):
+        _, args = db.driver_options(sa.engine.make_url("postgresql+psycopg://u@h/d"), {},
+                                    pooler)
+        assert args == {"prepare_threshold": None}
 
 
 @pytest.mark.parametrize(("text", "says"), [
-    ('options = { sslmod = "require" }', "'sslmod' is not a libpq connection option"),
+    ('url = "postgresql://u@h/d"\noptions = { sslmod = "require" }',
+     "'sslmod' is not a libpq connection option"),
     ('options = { prepare_threshold = "soon" }', "prepare_threshold must be an integer"),
     ("options = { connect_timeout = 10 }", "must be a table of strings"),
     ('pooler = "statement"', "must be one of none, session, transaction"),
+    ('pooler = "session"', "database.pooler: is only supported with PostgreSQL"),
+    ('url = "postgresql://u@h/d"\npooler = "transaction"\n'
+     'options = { prepare_threshold = "5" }',
+     'prepare_threshold cannot be used with pooler = "transaction"'),
+    ('url = "postgresql://u@h/d?prepare_threshold=5"\npooler = "transaction"',
+     'prepare_threshold cannot be used with pooler = "transaction"'),
 ])
 def test_bad_database_options_name_what_to_fix(tmp_path: Path, text: str, says: str) -> None:
     err = error_for(tmp_path, f"[database]\n{text}\n")
