@@ -36,3 +36,15 @@ def test_phase_timing_runs(pg_admin_dsn: str, monkeypatch: pytest.MonkeyPatch) -
     assert seconds > 0
     assert {"claim statement", "dispatching transaction", "record transaction"} <= set(timed)
     assert any(label.startswith("SQL WITH claimed") for label in timed)
+
+
+def test_pooler_run_drains_through_pgbouncer(
+    pg_admin_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from bench import pooler_run
+
+    monkeypatch.setattr(harness, "ADMIN_DSN", pg_admin_dsn)
+    figures = pooler_run.pooled_vs_direct(1, 300, replicas=1)
+    assert figures is not None, "pgbouncer is not installed (.ci/run installs it)"
+    direct, pooled = figures
+    assert direct.median > 0 and pooled.median > 0
