@@ -92,6 +92,14 @@ class DatabaseConfig:
     """libpq connection options passed to the driver as they are (application_name,
     sslmode, sslrootcert, target_session_attrs, ...), plus psycopg's prepare_threshold
     (an integer, or "none" for never)."""
+    standbys: str = field(
+        default="require-synchronous",
+        metadata={"choices": ("require-synchronous", "accept-asynchronous")},
+    )
+    """PostgreSQL with standbys attached: require-synchronous refuses to start unless commits
+    wait for a standby (synchronous_standby_names), since a failover to an asynchronous one
+    loses the marks that prevent a second send; accept-asynchronous runs anyway and says so
+    (start-up log, /readyz, outbox_replication_asynchronous)."""
     max_payload_bytes: int = field(default=262144, metadata={"gt": 0})
     """Largest canonical JSON payload accepted. Large payloads bloat the table and every send."""
     connect_timeout_seconds: float = field(default=5.0, metadata={"gt": 0})

@@ -27,7 +27,7 @@ import sqlalchemy as sa
 from apscheduler.schedulers.background import BackgroundScheduler
 from sqlalchemy.engine import Engine
 
-from dispatcher import gauges, httpserver, metrics
+from dispatcher import gauges, httpserver, metrics, replication
 from dispatcher.authority import Authority, artifact_store
 from dispatcher.config import Config, protection_of
 from dispatcher.reconcile import Reconciler
@@ -157,6 +157,7 @@ class Daemon:
             log.info("stopped before the database was reachable")
             return 0
         self._guarded("pooler check", self._check_for_a_pooler)
+        self._check_replication()
         m = self.config.metrics
         metrics.init_labels(self.providers)
         if m.enabled and not once:
@@ -272,6 +273,23 @@ class Daemon:
         counts = self.reconciler.run_once()
         if counts.requeued:
             self.worker.kick.set()
+
+    def _check_replication(self) -> None:
+        """Refuse to start where a failover can lose commits, unless the operator accepted
+        it (see :mod:`dispatcher.replication`)."""
+        state = replication.read(self.engine)
+        metrics.REPLICATION_ASYNCHRONOUS.set(0)
+        if state is None or not state.can_lose_commits:
+            return
+        if self.config.database.standbys != "accept-asynchronous":
+            raise ConfigError(
+                f"database.standbys: {state.describe()}. Make commits wait for a standby"
+                " (synchronous_standby_names on the server), or set [database] standbys ="
+                ' "accept-asynchronous" to run with that risk', key="database.standbys")
+        warning = f"{state.describe()}; running because database.standbys = accept-asynchronous"
+        log.warning(warning)
+        self.health.warnings.append(warning)
+        metrics.REPLICATION_ASYNCHRONOUS.set(1)
 
     def _check_for_a_pooler(self) -> None:
         """Say so when something sits between this replica and PostgreSQL that

@@ -115,6 +115,12 @@ DEDUP_WINDOW_REFUSALS = Counter(
 BLOCKED_OPERATIONS = Gauge(
     "outbox_blocked_operations", "Blocked operations by reason.", ["reason"], registry=REGISTRY
 )
+REPLICATION_ASYNCHRONOUS = Gauge(
+    "outbox_replication_asynchronous",
+    "1 when this replica runs on a PostgreSQL primary whose standbys are asynchronous "
+    "(database.standbys = accept-asynchronous): a failover may lose commits and re-send.",
+    registry=REGISTRY,
+)
 GAUGES_REFRESHED = Gauge(
     "outbox_gauges_refreshed_timestamp_seconds",
     "Unix time of the last successful refresh of the database gauges (stale gauges: the "

@@ -104,12 +104,32 @@ def _events_of(
     return sa.insert(schema.events).from_select(cols, sa.select(*exprs)).cte(f"ev_{from_status}")
 
 
+TIMELINE_SHIFT = 40
+"""A PostgreSQL fencing token is ``timeline << 40 | nextval(outbox_fencing_seq)``."""
+
+
+def fencing_token() -> Any:
+    """A fresh fencing token on PostgreSQL, higher than any issued on an earlier timeline.
+
+    A promoted standby starts a new timeline, and may lack the last values its old primary's
+    sequence handed out (asynchronous replication loses the last commits; the sequence's
+    own WAL runs ahead of it, but need not have reached the standby): a receiver may have
+    seen a token the new primary's sequence is about to issue again. The timeline in the
+    high bits puts every token of the new primary above every token of the old one. The
+    timeline is read from the name of the current WAL file (its first 8 hex digits), which
+    every role may call; 2**40 tokens per timeline, and tokens stay below 2**53 (exact in a
+    JSON double) up to timeline 8191."""
+    timeline: Any = sa.literal_column(
+        "('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int::bigint")
+    return (timeline.op("<<")(TIMELINE_SHIFT)) + sa.func.nextval(schema.FENCING_SEQUENCE)
+
+
 @functools.cache
 def claim(eligible: Any) -> Any:
     """``pending -> claimed`` for the ids ``eligible`` selects (its LIMIT rendered), a
     fresh fencing token for the batch, and the events. Parameters: actor,
     lease. Returns the claimed rows (every column)."""
-    token = sa.select(sa.func.nextval(schema.FENCING_SEQUENCE)).scalar_subquery()
+    token = sa.select(fencing_token()).scalar_subquery()
     claimed = (
         sa.update(ops)
         .where(ops.c.id.in_(eligible.scalar_subquery()))

@@ -43,7 +43,7 @@ def fetch_db_now(conn: Connection) -> datetime:
 def next_fencing_token(conn: Connection) -> int:
     """A fresh value of the monotonic fencing counter (sequence / counter row)."""
     if conn.dialect.name == "postgresql":
-        return int(conn.execute(sa.select(sa.func.nextval(schema.FENCING_SEQUENCE))).scalar_one())
+        return int(conn.execute(sa.select(pg_batch.fencing_token())).scalar_one())
     meta = schema.meta
     value = conn.execute(
         sa.update(meta)

@@ -166,6 +166,30 @@ class ThrowawayCluster:
         )
         self._initialised = True
 
+    def _basebackup(self, primary: ThrowawayCluster) -> None:
+        """Fill the data directory from ``primary`` (``pg_basebackup -R``: a streaming
+        standby of it, its ``primary_conninfo`` and ``standby.signal`` written)."""
+        self.socket_dir.mkdir(exist_ok=True)
+        if _as_root():
+            pw = pwd.getpwnam(OS_USER)
+            for path in (self.root, self.socket_dir):
+                os.chown(path, pw.pw_uid, pw.pw_gid)
+        self._run([str(self.bindir / "pg_basebackup"), "-D", str(self.data), "-R",
+                   "-X", "stream", "-c", "fast", "--no-sync", "-h", "127.0.0.1",
+                   "-p", str(primary.port), "-U", DB_USER])
+        self._initialised = True
+
+    def standby(self, base_dir: Path) -> ThrowawayCluster:
+        """A streaming standby of this (running) cluster, started, on a port of its own."""
+        replica = ThrowawayCluster(base_dir)
+        replica._basebackup(self)
+        replica.start()
+        return replica
+
+    def promote(self) -> None:
+        """End recovery on a standby (``pg_ctl promote``): a new timeline, read-write."""
+        self._pg_ctl("-w", "-t", "60", "promote")
+
     # ------------------------------------------------------------------ lifecycle
 
     @property
