@@ -15,12 +15,10 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import socket
 import threading
 import time
 from collections.abc import Callable, Mapping
-from types import FrameType
 from typing import Any
 
 import sqlalchemy as sa
@@ -39,6 +37,7 @@ from dispatcher.worker import RECORD_LINGER_SECONDS, Worker
 from outbox import db, migrate
 from outbox.ddl import NOTIFY_CHANNEL
 from outbox.errors import ConfigError, MigrationError
+from outbox.stop_signals import StopSignals
 from providers.base import Provider
 from providers.registry import build_providers, close_providers
 
@@ -99,6 +98,7 @@ class Daemon:
         self.gauges = gauges.GaugeRefresher(self.engine)
         self.stopping = threading.Event()
         self._server: Any = None
+        self._signals: StopSignals | None = None
 
     # -- readiness ---------------------------------------------------------------------
     def _ready_problem(self) -> str | None:
@@ -118,12 +118,14 @@ class Daemon:
         self.worker.kick.set()
 
     def install_signal_handlers(self) -> None:
-        def handler(signum: int, frame: FrameType | None) -> None:
-            log.info("stopping", extra={"reason": signal.Signals(signum).name})
+        """SIGTERM/SIGINT request a stop, from a thread of their own: a handler that set
+        an event itself could wait forever on a lock its own thread holds (see
+        outbox.stop_signals)."""
+        def on_signal(name: str) -> None:
+            log.info("stopping", extra={"reason": name})
             self.request_stop()
 
-        signal.signal(signal.SIGTERM, handler)
-        signal.signal(signal.SIGINT, handler)
+        self._signals = StopSignals(on_signal).install()
 
     def _wait_for_database(self) -> bool:
         """Check the schema, waiting with back-off while the database is unreachable (a

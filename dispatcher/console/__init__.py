@@ -15,14 +15,12 @@ page reads), :mod:`.actions` (the audited writes), :mod:`.render` (templates),
 from __future__ import annotations
 
 import logging
-import signal
 import sys
-import threading
 from pathlib import Path
-from types import FrameType
 
 from dispatcher.console.auth import User, hash_password, load_users
 from dispatcher.console.server import ConsoleApp, make_server
+from outbox.stop_signals import StopSignals
 
 __all__ = ["ConsoleApp", "User", "hash_password", "load_users", "make_server", "serve"]
 log = logging.getLogger("outboxd.console")
@@ -45,14 +43,12 @@ def serve(app: ConsoleApp, host: str, port: int, *, port_file: str | None = None
         Path(port_file).write_text(f"{bound}\n")
     log.info("console listening on http://%s:%s/", host, bound, extra={"port": bound})
 
-    def _stop(signum: int, _frame: FrameType | None) -> None:
-        threading.Thread(target=server.shutdown, daemon=True).start()
-
-    signal.signal(signal.SIGTERM, _stop)
-    signal.signal(signal.SIGINT, _stop)
-    try:
-        server.serve_forever(poll_interval=0.2)
-    finally:
-        server.server_close()
-        app.close()
+    # server.shutdown() waits for serve_forever to return, so it is called from the
+    # signal watcher's thread (see outbox.stop_signals), never from a handler
+    with StopSignals(lambda _name: server.shutdown()):
+        try:
+            server.serve_forever(poll_interval=0.2)
+        finally:
+            server.server_close()
+            app.close()
     return EXIT_OK

@@ -10,13 +10,12 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import signal
 import sys
 import tempfile
 import threading
 from pathlib import Path
-from types import FrameType
 
+from outbox.stop_signals import StopSignals
 from providers.sim.faults import PROFILES, FaultDice, SettingsError, SimSettings
 from providers.sim.ledger import Ledger
 from providers.sim.server import SimServer
@@ -118,11 +117,7 @@ def main(argv: list[str] | None = None) -> int:
               "(choose another --port, or 0 for a free one)", file=sys.stderr)
         return 2  # a port a person chose: a usage error, like every other verb
     stop = threading.Event()
-
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        stop.set()
-
-    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    signals = StopSignals(lambda _name: stop.set()).install()  # see outbox.stop_signals
     thread = threading.Thread(
         target=server.serve_forever, kwargs={"poll_interval": 0.1}, name="sim-http", daemon=True
     )
@@ -139,6 +134,5 @@ def main(argv: list[str] | None = None) -> int:
         thread.join(timeout=5)
         server.server_close()
         ledger.close()
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        signals.uninstall()
     return 0
