@@ -54,16 +54,18 @@ class Decision:
 def policy_for(
     caps: Capabilities, max_attempts: int | None, max_elapsed_seconds: float | None
 ) -> RetryPolicy:
-    """The row's own budget if it set one, else the provider's."""
+    """The row's own budget if it set one, else the provider's; the provider's back-off."""
     return _policy(
-        max_attempts or caps.max_attempts, max_elapsed_seconds or caps.max_elapsed_seconds
+        max_attempts or caps.max_attempts,
+        max_elapsed_seconds or caps.max_elapsed_seconds,
+        caps.retry_max_delay_seconds,
     )
 
 
 @functools.lru_cache(maxsize=256)
-def _policy(max_attempts: int, max_elapsed_seconds: float) -> RetryPolicy:
+def _policy(max_attempts: int, max_elapsed_seconds: float, cap_seconds: float) -> RetryPolicy:
     """Policies hold no per-row state: one per budget is built once and shared."""
-    return RetryPolicy(max_attempts, max_elapsed_seconds)
+    return RetryPolicy(max_attempts, max_elapsed_seconds, cap_seconds=cap_seconds)
 
 
 def window_open(

@@ -41,6 +41,8 @@ class Capabilities:
     max_attempts: int = 8
     max_elapsed_seconds: float = 600.0
     timeout_seconds: float = 10.0
+    retry_max_delay_seconds: float = 60.0
+    """The longest back-off between two attempts (before jitter; a Retry-After wins)."""
 
 
 @dataclass(frozen=True)

@@ -171,6 +171,7 @@ class NatsProvider:
             max_attempts=base.max_attempts,
             max_elapsed_seconds=base.max_elapsed_seconds,
             timeout_seconds=base.timeout_seconds,
+            retry_max_delay_seconds=base.retry_max_delay_seconds,
         )
         self.stream_max_age_seconds = float(config.max_age or 0.0)
         log.info("nats provider=%s stream=%s duplicate_window=%gs lookup=%s",

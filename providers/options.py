@@ -26,6 +26,7 @@ COMMON_KEYS = (
     "payload_schemas",
     "max_attempts",
     "max_elapsed_seconds",
+    "retry_max_delay_seconds",
     "timeout_seconds",
     "workflow_versions",
     "policy",
@@ -182,6 +183,8 @@ def read_capabilities(
         max_attempts=reader.integer("max_attempts", 8, minimum=1),
         max_elapsed_seconds=reader.number("max_elapsed_seconds", 600.0, exclusive_minimum=True),
         timeout_seconds=timeout,
+        retry_max_delay_seconds=reader.number("retry_max_delay_seconds", 60.0,
+                                              exclusive_minimum=True),
     )
 
 

@@ -47,7 +47,7 @@ def test_http_full_declaration() -> None:
         "lookup_consistency": "eventual", "lookup_settle_seconds": 5,
         "dedup_retention_seconds": 86400, "in_flight_seconds": 30, "fencing": True,
         "payload_schemas": [1, 2], "max_attempts": 3, "max_elapsed_seconds": 60,
-        "timeout_seconds": 4,
+        "timeout_seconds": 4, "retry_max_delay_seconds": 2.5,
     })
     try:
         caps = provider.capabilities
@@ -57,6 +57,7 @@ def test_http_full_declaration() -> None:
         assert caps.in_flight_seconds == 30.0 and caps.fencing is True
         assert caps.payload_schemas == frozenset({1, 2})
         assert (caps.max_attempts, caps.max_elapsed_seconds, caps.timeout_seconds) == (3, 60, 4)
+        assert caps.retry_max_delay_seconds == 2.5
     finally:
         provider.close()
 
@@ -84,6 +85,8 @@ def test_in_flight_defaults_to_twice_the_timeout_and_lookup_to_strong() -> None:
         ({"kind": "http", "url": URL, "timeout_seconds": "10"},
          "providers.tickets.timeout_seconds"),
         ({"kind": "http", "url": URL, "max_attempts": 0}, "providers.tickets.max_attempts"),
+        ({"kind": "http", "url": URL, "retry_max_delay_seconds": 0},
+         "providers.tickets.retry_max_delay_seconds"),
         ({"kind": "http", "url": URL, "max_attempts": 2.5}, "providers.tickets.max_attempts"),
         ({"kind": "http", "url": URL, "fencing": "yes"}, "providers.tickets.fencing"),
         ({"kind": "http", "url": URL, "payload_schemas": []}, "providers.tickets.payload_schemas"),

@@ -246,6 +246,16 @@ def test_policy_backoff_is_exponential_with_full_jitter_and_capped() -> None:
         assert max(delays) > high / 4  # jitter spreads over the range
 
 
+def test_the_providers_retry_max_delay_caps_the_back_off() -> None:
+    caps = Capabilities(dedup_retention_seconds=DAY, max_attempts=100,
+                        max_elapsed_seconds=10_000.0, retry_max_delay_seconds=2.0)
+    policy = policy_for(caps, None, None)
+    delays = [policy.decide(attempts=20, first_dispatched_at=NOW, now=NOW).delay_seconds
+              for _ in range(200)]
+    assert all(0.0 <= d <= 2.0 for d in delays) and max(delays) > 0.5
+    assert policy_for(CAPS, None, None) is not policy  # one policy per budget and cap
+
+
 def test_policy_retry_after_wins_when_larger() -> None:
     policy = RetryPolicy(8, 600.0)
     d = policy.decide(attempts=1, first_dispatched_at=NOW, now=NOW, retry_after_seconds=5.0)
