@@ -29,9 +29,12 @@ MIN_FAULTS = 100  # kills + pauses, per dialect
 MIN_HITS = 5  # per failpoint
 # what one dialect's run schedules: 25 SIGKILLs and 100 pauses past the lease (about 60%
 # of them delivered at a failpoint; one that a kill pre-empts does not count) in 45 s,
-# plus failpoint kills at (re)starts
+# plus failpoint kills at (re)starts. Over four replicas: each fault takes its replica
+# out for 1-3 s (a pause outlasts the lease; a killed one must start again), about 190
+# replica-seconds in all, more than three replicas have in 45 s (the schedule then
+# stretched to 77 s, waiting for a replica to fault; four: 57 s)
 FAULTS = ("--operations", str(OPERATIONS), "--fault-seconds", "45", "--kills", "25",
-          "--pauses", "100")
+          "--pauses", "100", "--replicas", "4")
 
 
 def _config(*args: str) -> ChaosConfig:
