@@ -184,7 +184,8 @@ def load_config(
         )
     d = sections["database"]
     for key, set_ in (("pooler", d.pooler != "none"), ("listen_url", d.listen_url is not None),
-                      ("options", bool(d.options))):
+                      ("options", bool(d.options)),
+                      ("synchronous_commit", d.synchronous_commit != "server")):
         if set_ and d.url.startswith("sqlite"):
             raise config_error(f"database.{key}", "is only supported with PostgreSQL",
                                values["database"][key][1])

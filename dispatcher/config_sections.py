@@ -100,6 +100,15 @@ class DatabaseConfig:
     wait for a standby (synchronous_standby_names), since a failover to an asynchronous one
     loses the marks that prevent a second send; accept-asynchronous runs anyway and says so
     (start-up log, /readyz, outbox_replication_asynchronous)."""
+    synchronous_commit: str = field(
+        default="server",
+        metadata={"choices": ("server", "on", "remote_write", "remote_apply")},
+    )
+    """PostgreSQL: how far each of outboxd's commits (claims, dispatching marks, receipts)
+    waits for the synchronous standbys before it returns. server: the server's setting.
+    remote_write: a standby has the commit in memory (survives the primary's crash);
+    on: flushed to its disk (survives both crashing); remote_apply: also visible there.
+    Set per transaction under pooler = transaction, per connection otherwise."""
     max_payload_bytes: int = field(default=262144, metadata={"gt": 0})
     """Largest canonical JSON payload accepted. Large payloads bloat the table and every send."""
     connect_timeout_seconds: float = field(default=5.0, metadata={"gt": 0})
@@ -122,7 +131,9 @@ class DatabaseConfig:
         """What :func:`outbox.db.create_engine` takes from this section besides the URL."""
         return {"schema": self.schema, "pool_size": self.pool_size,
                 "connect_timeout": self.connect_timeout_seconds, "pooler": self.pooler,
-                "options": self.options}
+                "options": self.options,
+                "synchronous_commit": (None if self.synchronous_commit == "server"
+                                       else self.synchronous_commit)}
 
 
 @dataclass(frozen=True)

@@ -117,6 +117,7 @@ def create_engine(
     pre_ping: bool = True,
     pooler: str = "none",
     options: Mapping[str, str] | None = None,
+    synchronous_commit: str | None = None,
     **kwargs: Any,
 ) -> Engine:
     """An engine configured for the outbox on SQLite or PostgreSQL.
@@ -130,7 +131,9 @@ def create_engine(
     each transaction whichever server connection is free: no prepared statements (see
     :func:`driver_options`), and the schema's ``search_path`` is set in every transaction
     (``set_config(..., true)``, which ends with it) instead of once per connection.
-    ``options``: libpq connection options (and ``prepare_threshold``) for the driver."""
+    ``options``: libpq connection options (and ``prepare_threshold``) for the driver.
+    ``synchronous_commit``: how far each commit waits for synchronous standbys (None: the
+    server's setting), set as the schema is."""
     url = normalise_url(url)
     if url.startswith("sqlite"):
         engine = sa.create_engine(
@@ -157,26 +160,37 @@ def create_engine(
     def _time_loaders(dbapi_conn: Any, _rec: Any) -> None:
         decoding.register_pg_time_loaders(dbapi_conn)
 
-    if schema and pooler == "transaction":
+    settings: dict[str, str] = {}
+    if schema:
         engine = engine.execution_options(schema_translate_map={None: schema})
-
-        @event.listens_for(engine, "begin")
-        def _search_path_per_transaction(conn: Connection) -> None:
-            conn.exec_driver_sql(
-                "SELECT set_config('search_path', %(path)s, true)",
-                {"path": f'"{schema}", public'},
-            )
-
-    elif schema:
-        engine = engine.execution_options(schema_translate_map={None: schema})
-
-        @event.listens_for(engine, "connect")
-        def _search_path(dbapi_conn: Any, _rec: Any) -> None:
-            with dbapi_conn.cursor() as cur:
-                cur.execute(f'SET search_path TO "{schema}", public')
-            dbapi_conn.commit()
+        settings["search_path"] = f'"{schema}", public'
+    if synchronous_commit:
+        settings["synchronous_commit"] = synchronous_commit
+    if settings:
+        _apply_settings(engine, settings, per_transaction=pooler == "transaction")
 
     return engine
+
+
+def _apply_settings(engine: Engine, settings: Mapping[str, str], *,
+                    per_transaction: bool) -> None:
+    """Session settings (``search_path``, ``synchronous_commit``): once per connection, or
+    at the start of every transaction (``set_config(..., true)`` ends with it) where a
+    transaction pooler may hand each transaction another server connection."""
+    calls = ", ".join(f"set_config('{name}', %({name})s, {str(per_transaction).lower()})"
+                      for name in settings)
+    statement = f"SELECT {calls}"
+    if per_transaction:
+        @event.listens_for(engine, "begin")
+        def _per_transaction(conn: Connection) -> None:
+            conn.exec_driver_sql(statement, dict(settings))
+        return
+
+    @event.listens_for(engine, "connect")
+    def _per_connection(dbapi_conn: Any, _rec: Any) -> None:
+        with dbapi_conn.cursor() as cur:
+            cur.execute(statement, dict(settings))
+        dbapi_conn.commit()
 
 
 def _configure_sqlite(engine: Engine) -> None:

@@ -145,12 +145,35 @@ def test_asynchronous_standbys_are_refused_or_run_only_when_accepted_and_said(
         synchronous._check_replication()
         assert synchronous.health.warnings == []
         assert metrics.REPLICATION_ASYNCHRONOUS._value.get() == 0
+
+        # a synchronous standby, but the server's commits do not wait for it: refused,
+        # unless outboxd's own commits wait ([database] synchronous_commit)
+        with psycopg.connect(primary.dsn(), autocommit=True) as conn:
+            conn.execute("ALTER SYSTEM SET synchronous_commit = 'local'")
+            conn.execute("SELECT pg_reload_conf()")
+        local = _daemon(primary.url(), tmp_path)
+        daemons.append(local)
+        wait_until(lambda: _commit_setting(local) == "local", timeout=30,
+                   message="the configuration reload")
+        with pytest.raises(ConfigError, match="synchronous_commit is 'local'"):
+            local._check_replication()
+        waiting = _daemon(primary.url(), tmp_path, synchronous_commit="remote_write")
+        daemons.append(waiting)
+        assert _commit_setting(waiting) == "remote_write"
+        waiting._check_replication()
+        assert waiting.health.warnings == []
     finally:
         for d in daemons:
             d.worker.close()
             d.engine.dispose()
         watch.dispose()
         standby.cleanup()
+
+
+def _commit_setting(daemon: Daemon) -> str:
+    state = replication.read(daemon.engine)
+    assert state is not None
+    return state.synchronous_commit
 
 
 def _standbys(engine: sa.Engine) -> int:
@@ -162,36 +185,47 @@ def _standbys(engine: sa.Engine) -> int:
 DRILL_ROWS = 300
 
 
-@pytest.mark.parametrize("mode", ["synchronous", "asynchronous-accepted"])
-def test_failover_drill_two_replicas_receiver_without_deduplication(
-    primary: ThrowawayCluster, tmp_path: Path, mode: str
+@pytest.mark.parametrize(("mode", "receiver"), [
+    ("synchronous", "no-dedup"),
+    ("asynchronous-accepted", "no-dedup"),
+    ("asynchronous-accepted", "dedup"),
+])
+def test_failover_drill_two_replicas(
+    primary: ThrowawayCluster, tmp_path: Path, mode: str, receiver: str
 ) -> None:
-    """Two replicas on a multi-host URL drain into a receiver that ignores keys; the
-    primary is crash-stopped mid-drain and the standby promoted. Synchronous: 0 duplicates,
-    0 lost. Asynchronous (accepted): whatever duplicates the lost commits cause are counted
-    and printed, never hidden; nothing is lost."""
+    """Two replicas on a multi-host URL drain into the sim; the primary is crash-stopped
+    mid-drain and the standby promoted. Synchronous (the server's synchronous_commit is
+    local; outboxd's own commits wait for the standby through [database]
+    synchronous_commit): 0 duplicates, 0 lost, with a receiver that ignores keys.
+    Asynchronous (accepted): whatever duplicates the lost commits cause at a receiver that
+    ignores keys are counted and printed, never hidden; one that deduplicates absorbs the
+    re-sends (its replays are counted); nothing is lost either way."""
     engine = engine_for(primary.url())
     migrate.upgrade(engine)
     ids = stage(engine, DRILL_ROWS, per_task=100)
     standby = primary.standby(tmp_path / "standby")
+    database = {"standbys": "accept-asynchronous"}
     if mode == "synchronous":
         with psycopg.connect(primary.dsn(), autocommit=True) as conn:
             conn.execute("ALTER SYSTEM SET synchronous_standby_names = '*'")
+            conn.execute("ALTER SYSTEM SET synchronous_commit = 'local'")
             conn.execute("SELECT pg_reload_conf()")
         wait_until(lambda: _sync_states(engine) == ["sync"], timeout=30,
                    message="the standby to be synchronous")
+        database = {"synchronous_commit": "remote_apply"}
     url = (f"postgresql://postgres@/postgres?host=127.0.0.1,127.0.0.1&port={primary.port},"
            f"{standby.port}&target_session_attrs=read-write")
-    database = {} if mode == "synchronous" else {"standbys": "accept-asynchronous"}
     promoted = engine_for(standby.url())
+    dedup = receiver == "dedup"
     try:
         # every request takes 0.2 s: sends are in flight when the primary dies
-        with SimProcess(tmp_path, "--ignore-keys", "--p-slow", "1",
+        with SimProcess(tmp_path, *(() if dedup else ("--ignore-keys",)), "--p-slow", "1",
                         "--slow-seconds", "0.2") as sim:
             replicas = [DaemonProcess(config(
                 tmp_path, url, sim, lease_seconds=2.0, worker_id=f"r{i}", name=f"r{i}.toml",
-                database=database, dedup_retention_seconds=0, timeout_seconds=1,
-                in_flight_seconds=2.5, dispatcher={"batch_size": 10, "concurrency": 8}))
+                database=database, dedup_retention_seconds=86400 if dedup else 0,
+                timeout_seconds=1, in_flight_seconds=2.5,
+                dispatcher={"batch_size": 10, "concurrency": 8}))
                 for i in range(2)]
             with replicas[0], replicas[1]:
                 wait_until(lambda: len(sim.effects()) >= DRILL_ROWS // 3, timeout=60,
@@ -205,6 +239,7 @@ def test_failover_drill_two_replicas_receiver_without_deduplication(
                            message="every row settled on the promoted standby")
                 all_applied = time.time()
             effects = sim.effects()
+            replays = int(sim.stats()["replays"])
         by_key = Counter(e["key"] for e in effects)
         duplicates = sum(n - 1 for n in by_key.values())
         lost = [i for i in ids if by_key[key_of(i)] == 0]
@@ -215,13 +250,13 @@ def test_failover_drill_two_replicas_receiver_without_deduplication(
         # the receiver saw before the crash; sends in flight at the crash carry old ones
         fresh = [e for e in after if int(e["fencing_token"]) >> TIMELINE_SHIFT > 1]
         monotonic = all(int(e["fencing_token"]) > max_before for e in fresh)
-        print(f"failover drill: mode={mode} receiver=no-dedup rows={DRILL_ROWS}"
-              f" duplicates={duplicates} lost={len(lost)}"
+        print(f"failover drill: mode={mode} receiver={receiver} rows={DRILL_ROWS}"
+              f" duplicates={duplicates} replays={replays} lost={len(lost)}"
               f" stuck={DRILL_ROWS - len(by_key)} tokens_monotonic={monotonic}"
               f" first_send_after_promote={first_send:.2f}s"
               f" all_applied_after_promote={all_applied - promoted_at:.2f}s")
         assert lost == [] and monotonic and fresh
-        if mode == "synchronous":
+        if mode == "synchronous" or dedup:
             assert duplicates == 0
     finally:
         promoted.dispose()

@@ -414,6 +414,10 @@ def test_database_options_reach_the_engine_as_driver_arguments(tmp_path: Path) -
     ("options = { connect_timeout = 10 }", "must be a table of strings"),
     ('pooler = "statement"', "must be one of none, session, transaction"),
     ('pooler = "session"', "database.pooler: is only supported with PostgreSQL"),
+    ('synchronous_commit = "remote_apply"',
+     "database.synchronous_commit: is only supported with PostgreSQL"),
+    ('url = "postgresql://u@h/d"\nsynchronous_commit = "off"',
+     "must be one of server, on, remote_write, remote_apply"),
     ('url = "postgresql://u@h/d"\npooler = "transaction"\n'
      'options = { prepare_threshold = "5" }',
      'prepare_threshold cannot be used with pooler = "transaction"'),
