@@ -228,10 +228,20 @@ def test_failover_drill_two_replicas(
                 dispatcher={"batch_size": 10, "concurrency": 8}))
                 for i in range(2)]
             with replicas[0], replicas[1]:
-                wait_until(lambda: len(sim.effects()) >= DRILL_ROWS // 3, timeout=60,
-                           message="a third applied")
-                engine.dispose()
-                primary.immediate_shutdown()
+                wait_until(lambda: len(sim.effects()) >= DRILL_ROWS // 4, timeout=60,
+                           message="a quarter applied")
+                # the standby falls behind: asynchronous, the primary commits on (marks
+                # and receipts the crash then loses); synchronous, its commits wait
+                with primary.wal_senders_held():
+                    held_at = len(sim.effects())
+                    if mode == "synchronous":
+                        wait_until(lambda: _waiting_for_standby(engine) > 0, timeout=30,
+                                   message="a commit waiting for the standby")
+                    else:
+                        wait_until(lambda: len(sim.effects()) >= held_at + 20, timeout=60,
+                                   message="sends committed on the primary alone")
+                    engine.dispose()
+                    primary.kill_all()
                 before = sim.effects()
                 standby.promote()
                 promoted_at = time.time()
@@ -258,9 +268,20 @@ def test_failover_drill_two_replicas(
         assert lost == [] and monotonic and fresh
         if mode == "synchronous" or dedup:
             assert duplicates == 0
+        else:  # the drill is not blind: what the crash lost was sent again, and counted
+            assert duplicates > 0
+        if mode != "synchronous" and dedup:
+            assert replays > 0  # the re-sends, absorbed by the receiver's keys
     finally:
         promoted.dispose()
         standby.cleanup()
+
+
+def _waiting_for_standby(engine: sa.Engine) -> int:
+    """Backends whose commit waits for a synchronous standby."""
+    with engine.connect() as conn:
+        return int(conn.execute(sa.text(
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'SyncRep'")).scalar_one())
 
 
 def _sync_states(engine: sa.Engine) -> list[str]:

@@ -14,16 +14,21 @@ when the object is garbage-collected, or at interpreter exit.
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import pwd
 import shlex
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
 import weakref
+from collections.abc import Iterator
 from pathlib import Path
+
+import psycopg
 
 OS_USER = "postgres"
 DB_USER = "postgres"
@@ -68,6 +73,15 @@ def free_port() -> int:
 
 def _as_root() -> bool:
     return hasattr(os, "geteuid") and os.geteuid() == 0
+
+
+def _parent_of(proc: Path) -> int | None:
+    """The parent pid of ``/proc/PID`` (None if it is gone)."""
+    try:
+        stat = (proc / "stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[1])
 
 
 def _stop_and_remove(bindir: Path, data: Path, root: Path | None, prefix: list[str]) -> None:
@@ -185,6 +199,39 @@ class ThrowawayCluster:
         replica._basebackup(self)
         replica.start()
         return replica
+
+    @contextlib.contextmanager
+    def wal_senders_held(self) -> Iterator[None]:
+        """On a primary: its WAL senders stopped (SIGSTOP) for the block, so its standbys
+        fall behind as a lagging asynchronous standby does (a synchronous one makes the
+        primary's commits wait instead); continued on leaving the block, if still alive.
+        Stopped on the primary's side, a sender sends nothing more: what a crash in the
+        block loses is really lost (a standby's stopped receiver would read the bytes
+        already in its socket later)."""
+        with psycopg.connect(self.dsn(), autocommit=True) as conn:
+            pids = [int(r[0]) for r in conn.execute("SELECT pid FROM pg_stat_replication")]
+        if not pids:
+            raise RuntimeError("no WAL sender: is a standby streaming from this server?")
+        for pid in pids:
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            yield
+        finally:
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGCONT)
+
+    def kill_all(self) -> None:
+        """Power loss: SIGKILL the postmaster, then every process it started (a stopped
+        WAL sender among them sends nothing more). Nothing restarts it."""
+        pid_file = self.data / "postmaster.pid"
+        postmaster = int(pid_file.read_text().split()[0])
+        children = [int(p.name) for p in Path("/proc").iterdir()
+                    if p.name.isdigit() and _parent_of(p) == postmaster]
+        os.kill(postmaster, signal.SIGKILL)
+        for pid in children:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
     def promote(self) -> None:
         """End recovery on a standby (``pg_ctl promote``): a new timeline, read-write."""
