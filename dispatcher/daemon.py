@@ -286,8 +286,9 @@ class Daemon:
         if self.config.database.standbys != "accept-asynchronous":
             raise ConfigError(
                 f"database.standbys: {state.describe()}. Make commits wait for a standby"
-                " (synchronous_standby_names on the server), or set [database] standbys ="
-                ' "accept-asynchronous" to run with that risk', key="database.standbys")
+                " (synchronous_standby_names on the server, and synchronous_commit there or"
+                ' in [database]), or set [database] standbys = "accept-asynchronous" to run'
+                " with that risk", key="database.standbys")
         warning = f"{state.describe()}; running because database.standbys = accept-asynchronous"
         log.warning(warning)
         self.health.warnings.append(warning)
