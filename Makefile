@@ -26,7 +26,7 @@ lint: $(STAMP) ## ruff and mypy --strict
 	$(BIN)/mypy
 
 test: $(STAMP) lint ## set up, lint, and run the whole test suite
-	$(PYTEST)
+	$(PYTEST) --durations=15
 
 check: $(STAMP) lint ## the inner loop: lint and every test that starts no daemon process
 	$(PYTEST) -m "not slow"
