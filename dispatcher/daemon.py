@@ -19,6 +19,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Mapping
+from functools import partial
 from typing import Any
 
 import sqlalchemy as sa
@@ -99,6 +100,8 @@ class Daemon:
         self.stopping = threading.Event()
         self._server: Any = None
         self._signals: StopSignals | None = None
+        self._replication_problem: str | None = None
+        self._replication_warning: str | None = None
 
     # -- readiness ---------------------------------------------------------------------
     def _ready_problem(self) -> str | None:
@@ -110,6 +113,8 @@ class Daemon:
             return f"database unreachable: {type(exc).__name__}"
         if not self.providers:
             return "no providers configured"
+        if self._replication_problem is not None:
+            return self._replication_problem[:300]
         return None
 
     # -- life cycle --------------------------------------------------------------------
@@ -208,9 +213,7 @@ class Daemon:
         while not self.stopping.is_set():
             self.health.beat()
             try:
-                claimed = self.worker.claim_and_dispatch()
-                recorded = self.worker.record_done()
-                self.worker.extend_leases()
+                claimed, recorded = self._cycle()
                 backoff = 0.0
             except Exception as exc:  # never crash the fleet: see outbox.db.is_outage
                 backoff = min(MAX_BACKOFF_SECONDS, max(0.1, backoff * 2))
@@ -222,6 +225,15 @@ class Daemon:
             if claimed == 0 and recorded == 0:
                 self.worker.kick.wait(RECORD_LINGER_SECONDS if self.worker.has_done() else poll)
                 self.worker.kick.clear()
+
+    def _cycle(self) -> tuple[int, int]:
+        """Claim and send one batch (unless replication forbids it: see
+        :meth:`_check_replication`), record finished sends, extend leases in flight.
+        Returns (claimed, recorded)."""
+        claimed = 0 if self._replication_problem else self.worker.claim_and_dispatch()
+        recorded = self.worker.record_done()
+        self.worker.extend_leases()
+        return claimed, recorded
 
     @staticmethod
     def _cycle_failed(exc: Exception, backoff: float) -> None:
@@ -255,6 +267,9 @@ class Daemon:
             ("verification", self.verifier.run_once, d.reconcile_interval_seconds),
             ("gauges", self.gauges, m.gauge_refresh_seconds),
         ]
+        if self.engine.dialect.name == "postgresql":
+            jobs.append(("replication check", partial(self._check_replication, starting=False),
+                         m.gauge_refresh_seconds))
         if self.config.retention.enabled:  # once per cluster: see dispatcher.retention_job
             purge = RetentionJob(self.engine, self.config.retention).run_once
             jobs.append(("retention purge", purge, self.config.retention.interval_seconds))
@@ -276,23 +291,45 @@ class Daemon:
         if counts.requeued:
             self.worker.kick.set()
 
-    def _check_replication(self) -> None:
+    def _check_replication(self, *, starting: bool = True) -> None:
         """Refuse to start where a failover can lose commits, unless the operator accepted
-        it (see :mod:`dispatcher.replication`)."""
+        it (see :mod:`dispatcher.replication`). Checked again while running (a standby
+        attached later): a replica that would refuse to start stops claiming and says why
+        on ``/readyz`` until commits wait for the standby again (or it is gone)."""
         state = replication.read(self.engine)
-        metrics.REPLICATION_ASYNCHRONOUS.set(0)
         if state is None or not state.can_lose_commits:
+            metrics.REPLICATION_ASYNCHRONOUS.set(0)
+            self._say_replication(None)
+            if self._replication_problem is not None:
+                log.warning("replication: commits wait for the standbys again; claiming")
+                self._replication_problem = None
             return
-        if self.config.database.standbys != "accept-asynchronous":
-            raise ConfigError(
-                f"database.standbys: {state.describe()}. Make commits wait for a standby"
-                " (synchronous_standby_names on the server, and synchronous_commit there or"
-                ' in [database]), or set [database] standbys = "accept-asynchronous" to run'
-                " with that risk", key="database.standbys")
-        warning = f"{state.describe()}; running because database.standbys = accept-asynchronous"
-        log.warning(warning)
-        self.health.warnings.append(warning)
         metrics.REPLICATION_ASYNCHRONOUS.set(1)
+        if self.config.database.standbys == "accept-asynchronous":
+            self._say_replication(f"{state.describe()}; running because database.standbys"
+                                  " = accept-asynchronous")
+            return
+        problem = (f"database.standbys: {state.describe()}. Make commits wait for a standby"
+                   " (synchronous_standby_names on the server, and synchronous_commit there"
+                   ' or in [database]), or set [database] standbys = "accept-asynchronous"'
+                   " to run with that risk")
+        if starting:
+            raise ConfigError(problem, key="database.standbys")
+        if self._replication_problem is None:
+            log.error("replication: not claiming until commits wait for the standbys",
+                      extra={"reason": problem})
+        self._replication_problem = problem
+
+    def _say_replication(self, warning: str | None) -> None:
+        """The one replication warning on ``/readyz`` (and in the log, once)."""
+        if warning == self._replication_warning:
+            return
+        if self._replication_warning in self.health.warnings:
+            self.health.warnings.remove(self._replication_warning)
+        self._replication_warning = warning
+        if warning is not None:
+            log.warning(warning)
+            self.health.warnings.append(warning)
 
     def _check_for_a_pooler(self) -> None:
         """Say so when something sits between this replica and PostgreSQL that

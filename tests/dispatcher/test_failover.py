@@ -107,16 +107,22 @@ def test_asynchronous_standbys_are_refused_or_run_only_when_accepted_and_said(
 ) -> None:
     engine = engine_for(primary.url())
     migrate.upgrade(engine)
+    stage(engine, 5, provider="sink")
     engine.dispose()
     alone = _daemon(primary.url(), tmp_path)
     alone._check_replication()  # no standby: nothing to lose at failover
     assert alone.health.warnings == []
-    alone.engine.dispose()
     standby = primary.standby(tmp_path / "standby")
-    daemons: list[Daemon] = []
+    daemons: list[Daemon] = [alone]
     watch = engine_for(primary.url())
     try:
         wait_until(lambda: _standbys(watch) == 1, timeout=30, message="the standby to stream")
+        # attached while running: the replica that started alone stops claiming, and says
+        # why on /readyz, until commits wait for the standby
+        alone._check_replication(starting=False)
+        problem = alone._ready_problem()
+        assert problem is not None and problem.startswith("database.standbys: PostgreSQL")
+        assert alone._cycle() == (0, 0)
         refused = _daemon(primary.url(), tmp_path)
         daemons.append(refused)
         with pytest.raises(ConfigError) as info:
@@ -145,6 +151,10 @@ def test_asynchronous_standbys_are_refused_or_run_only_when_accepted_and_said(
         synchronous._check_replication()
         assert synchronous.health.warnings == []
         assert metrics.REPLICATION_ASYNCHRONOUS._value.get() == 0
+        alone._check_replication(starting=False)  # synchronous now: it claims again
+        assert alone._ready_problem() is None
+        assert alone._cycle()[0] == 5
+        alone.worker.wait_in_flight(10)
 
         # a synchronous standby, but the server's commits do not wait for it: refused,
         # unless outboxd's own commits wait ([database] synchronous_commit)
