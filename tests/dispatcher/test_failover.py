@@ -197,6 +197,7 @@ DRILL_ROWS = 300
 
 @pytest.mark.parametrize(("mode", "receiver"), [
     ("synchronous", "no-dedup"),
+    ("synchronous", "dedup"),
     ("asynchronous-accepted", "no-dedup"),
     ("asynchronous-accepted", "dedup"),
 ])
