@@ -21,9 +21,10 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP) ## create .venv and install outboxd with its test extra
 
-lint: $(STAMP) ## ruff and mypy --strict
+lint: $(STAMP) ## ruff, mypy --strict, and the import contracts (lint-imports)
 	$(BIN)/ruff check outbox dispatcher providers tests bench examples
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 test: $(STAMP) lint ## set up, lint, and run the whole test suite
 	$(PYTEST) --durations=15

@@ -27,6 +27,10 @@ class ConfigError(OutboxError):
     """The configuration is invalid."""
 
 
+class ProviderConfigError(ConfigError):
+    """A provider section is invalid; the message names the section and key."""
+
+
 class PayloadMismatch(OutboxError):
     """An operation with this id already exists with a different payload."""
 

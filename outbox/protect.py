@@ -40,6 +40,7 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
+from outbox.credential_refs import resolve_secret
 from outbox.errors import ConfigError, OutboxError
 
 ENVELOPE_KEY: Final = "$outboxd_enc"
@@ -152,8 +153,6 @@ class KeyRing:
     ) -> KeyRing:
         """Resolve ``{kid: "env:NAME" | "file:PATH"}``; errors name the key id and the
         reference, never the value."""
-        from providers.secrets_ref import resolve_secret
-
         keys = {
             kid: _decode_master_key(
                 kid, ref, resolve_secret(ref, f"protection.keys.{kid}", environ).reveal()

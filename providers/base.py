@@ -16,8 +16,6 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol, runtime_checkable
 
-from outbox.errors import ConfigError
-
 
 class LookupConsistency(enum.StrEnum):
     STRONG = "strong"  # a lookup reflects every completed write
@@ -156,5 +154,4 @@ class Provider(Protocol):
     def close(self) -> None: ...
 
 
-class ProviderConfigError(ConfigError):
-    """A provider section is invalid; the message names the section and key."""
+

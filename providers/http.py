@@ -29,6 +29,7 @@ from urllib.parse import quote
 
 import httpx
 
+from outbox.credential_refs import Secret, resolve_secret
 from providers.base import (
     Capabilities,
     Dispatch,
@@ -41,7 +42,6 @@ from providers.base import (
 )
 from providers.http_response import build_receipt, classify_response, transport_outcome
 from providers.options import SectionReader, read_capabilities
-from providers.secrets_ref import Secret, resolve_secret
 
 log = logging.getLogger("outboxd.providers.http")
 

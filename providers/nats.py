@@ -37,7 +37,8 @@ import nats.errors
 import nats.js.errors
 from nats.js.api import RetentionPolicy
 
-from outbox.errors import OutboxError
+from outbox.credential_refs import resolve_secret
+from outbox.errors import OutboxError, ProviderConfigError
 from providers.base import (
     Capabilities,
     Dispatch,
@@ -46,11 +47,9 @@ from providers.base import (
     LookupResult,
     Outcome,
     OutcomeKind,
-    ProviderConfigError,
     TransportPhase,
 )
 from providers.options import SectionReader, read_capabilities
-from providers.secrets_ref import resolve_secret
 
 log = logging.getLogger("outboxd.providers.nats")
 KIND: Final = "nats"

@@ -15,7 +15,8 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from providers.base import Capabilities, LookupConsistency, ProviderConfigError
+from outbox.errors import ProviderConfigError
+from providers.base import Capabilities, LookupConsistency
 
 COMMON_KEYS = (
     "dedup_retention_seconds",

@@ -2,7 +2,7 @@
 
 Each table has a ``kind``; the kind's builder reads its keys through a
 :class:`~providers.options.SectionReader`, so an unknown key or a bad value is a
-:class:`~providers.base.ProviderConfigError` naming ``providers.NAME.KEY``. Building
+:class:`~outbox.errors.ProviderConfigError` naming ``providers.NAME.KEY``. Building
 resolves secrets and (for brokers) reads what the broker itself declares, so a bad
 configuration stops the daemon at start-up, not at the first dispatch.
 """
@@ -14,7 +14,8 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any, Final
 
-from providers.base import Provider, ProviderConfigError
+from outbox.errors import ProviderConfigError
+from providers.base import Provider
 from providers.options import SectionReader
 
 Builder = Callable[[str, SectionReader], Provider]

@@ -9,7 +9,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from providers.base import LookupConsistency, LookupKind, OutcomeKind, ProviderConfigError
+from outbox.errors import ProviderConfigError
+from providers.base import LookupConsistency, LookupKind, OutcomeKind
 from providers.nats import NatsProvider, subject_matches, subject_token
 from providers.registry import build_providers
 from tests.providers.scripted import make_dispatch

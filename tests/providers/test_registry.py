@@ -6,7 +6,8 @@ from typing import Any
 
 import pytest
 
-from providers.base import Capabilities, LookupConsistency, Provider, ProviderConfigError
+from outbox.errors import ProviderConfigError
+from providers.base import Capabilities, LookupConsistency, Provider
 from providers.http import HttpProvider
 from providers.registry import KNOWN_KINDS, build_providers
 

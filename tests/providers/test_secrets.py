@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from providers.base import OutcomeKind, Provider, ProviderConfigError
+from outbox.credential_refs import Secret, resolve_secret
+from outbox.errors import ProviderConfigError
+from providers.base import OutcomeKind, Provider
 from providers.registry import build_providers
-from providers.secrets_ref import Secret, resolve_secret
 from tests.providers.scripted import Reply, ScriptedServer, make_dispatch
 
 CANARY = "sk_live_CANARY_7f3a9c1e5b"

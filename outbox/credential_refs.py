@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Final
 
-from providers.base import ProviderConfigError
+from outbox.errors import ProviderConfigError
 
 REDACTED: Final = "<redacted>"
 MAX_SECRET_FILE_BYTES: Final = 64 * 1024
