@@ -12,7 +12,6 @@ requeueing an ``unknown`` operation.
 
 from __future__ import annotations
 
-import argparse
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -20,8 +19,8 @@ from typing import Any
 
 from sqlalchemy.engine import Engine
 
-from dispatcher.approvecli import parse_duration
 from outbox import approvals, errors, overrides, tenancy
+from outbox.durations import parse_duration
 
 __all__ = ["ACTIONS", "Done", "Refused", "parse_duration", "perform"]
 
@@ -89,7 +88,7 @@ def _dispatch(conn: Any, action: str, w: Who, form: Mapping[str, str], *, reason
         expires = (form.get("expires") or "").strip()
         try:
             expires_in = parse_duration(expires) if expires else None
-        except argparse.ArgumentTypeError as exc:
+        except ValueError as exc:
             raise Refused(str(exc)) from None
         result = approvals.approve(
             conn, **who, reason=reason or None,

@@ -27,8 +27,15 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from dispatcher.approvecli import UsageError, resolve_tenant
-from dispatcher.cli import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, _common, _load
+from dispatcher.cli.common import (
+    EXIT_FAILURE,
+    EXIT_OK,
+    EXIT_USAGE,
+    UsageError,
+    common_options,
+    load,
+    resolve_tenant,
+)
 from outbox import api, db, decoding, overrides, recovery, schema, tenancy
 from outbox.states import OperationStatus
 
@@ -65,7 +72,7 @@ def _table(rows: list[dict[str, Any]], columns: Sequence[str]) -> str:
 
 
 def _run(args: argparse.Namespace, action: Action, *, tenant: bool = True) -> int:
-    cfg = _load(args)
+    cfg = load(args)
     engine = db.create_engine(cfg.database.url, **cfg.database.engine_args())
     try:
         with engine.begin() as conn:
@@ -291,7 +298,7 @@ def _cancel(conn: Connection, args: argparse.Namespace) -> int:
 
 def _verb(sub: Any, name: str, help_: str, action: Action, *, tenant: bool = True) -> Any:
     p = sub.add_parser(name, help=help_, description=help_)
-    _common(p)
+    common_options(p)
     p.add_argument("--tenant", help="tenant (default: the only one; required with several)")
     p.set_defaults(fn=lambda args: _run(args, action, tenant=tenant))
     return p

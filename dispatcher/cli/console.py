@@ -17,7 +17,7 @@ import os
 import sys
 from typing import Any
 
-from dispatcher.cli import EXIT_OK, EXIT_USAGE, _common, _load
+from dispatcher.cli.common import EXIT_OK, EXIT_USAGE, common_options, load
 
 
 def _hash(args: argparse.Namespace) -> int:
@@ -40,7 +40,7 @@ def cmd_console(args: argparse.Namespace) -> int:
     from dispatcher.console import ConsoleApp, load_users, serve
     from dispatcher.console.auth import USERS_ENV
 
-    cfg = _load(args)
+    cfg = load(args)
     users_file = args.users or os.environ.get(USERS_ENV)
     if not users_file:
         sys.stderr.write(f"outboxd: error: give --users FILE or set {USERS_ENV}: the console "
@@ -56,7 +56,7 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         "console", help="serve the operator web console (off unless run; loopback by default)",
         description="Serve the operator console: overview, operations, timelines, recovery "
         "plans and audited actions. See docs/console.md.")
-    _common(p)
+    common_options(p)
     p.add_argument("--host", default="127.0.0.1",
                    help="bind address (default 127.0.0.1; anything else exposes it)")
     p.add_argument("--port", type=int, default=8080, help="port (default 8080; 0: a free one)")

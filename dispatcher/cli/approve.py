@@ -12,50 +12,33 @@ operation, nothing to revoke, operation finished), 2 usage or configuration erro
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 from datetime import timedelta
 from typing import Any
 
-import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from dispatcher.cli import EXIT_OK, EXIT_USAGE, _common, _load
-from outbox import approvals, db, schema
-
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
-_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
-
-
-class UsageError(Exception):
-    """A usage problem found after parsing (exit 2)."""
-
-
-def parse_duration(text: str) -> timedelta:
-    """``90`` / ``90s`` / ``30m`` / ``2h`` / ``1d`` → a positive timedelta."""
-    match = _DURATION.match(text)
-    if not match or float(match.group(1)) <= 0:
-        raise argparse.ArgumentTypeError(
-            f"invalid duration {text!r}: a positive number with s, m, h or d (e.g. 30m)"
-        )
-    return timedelta(seconds=float(match.group(1)) * _UNITS[match.group(2)])
+from dispatcher.cli.common import (
+    EXIT_OK,
+    EXIT_USAGE,
+    UsageError,
+    common_options,
+    load,
+    resolve_tenant,
+)
+from outbox import approvals, db
+from outbox.durations import parse_duration
 
 
-def resolve_tenant(conn: Connection, given: str | None) -> str:
-    """``given``, or the only tenant that has operations; else a :class:`UsageError`."""
-    if given:
-        return given
-    ops = schema.operations
-    tenants = conn.execute(sa.select(ops.c.tenant_id).distinct().limit(2)).scalars().all()
-    if len(tenants) == 1:
-        return str(tenants[0])
-    if not tenants:
-        raise UsageError("no operations in the database; name the tenant with --tenant")
-    raise UsageError("several tenants exist; name one with --tenant")
-
+def _duration(text: str) -> timedelta:
+    """argparse's type for ``--expires``: its own message, not argparse's generic one."""
+    try:
+        return parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 def _run(args: argparse.Namespace, action: Any) -> int:
-    cfg = _load(args)
+    cfg = load(args)
     engine = db.create_engine(cfg.database.url, **cfg.database.engine_args())
     try:
         with engine.begin() as conn:
@@ -98,10 +81,10 @@ def cmd_revoke(args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction[Any]) -> None:
     p = sub.add_parser("approve", help="approve one operation's current payload")
-    _common(p)
+    common_options(p)
     p.add_argument("operation_id", metavar="OPERATION_ID")
     p.add_argument("--actor", required=True, help="who approves (recorded)")
-    p.add_argument("--expires", type=parse_duration, metavar="DURATION",
+    p.add_argument("--expires", type=_duration, metavar="DURATION",
                    help="validity from now on the database clock: 30m, 2h, 1d (default: none)")
     p.add_argument("--reason", help="why (recorded)")
     p.add_argument("--tenant", help="tenant (default: the only one)")
@@ -112,7 +95,7 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     p.set_defaults(fn=cmd_approve)
 
     p = sub.add_parser("revoke", help="revoke every live approval of one operation")
-    _common(p)
+    common_options(p)
     p.add_argument("operation_id", metavar="OPERATION_ID")
     p.add_argument("--actor", required=True, help="who revokes (recorded)")
     p.add_argument("--reason", required=True, help="why (recorded)")

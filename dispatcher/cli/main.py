@@ -1,5 +1,6 @@
-"""``outboxd``: the command line. Exit codes: 0 ok, 1 operational failure, 2 usage or
-configuration error. Every verb takes ``--config FILE``."""
+"""``outboxd``: the command line's entry point, its own verbs (migrate, run, status, sim,
+...) and the table of the others (:data:`VERBS`). Exit codes: 0 ok, 1 operational failure,
+2 usage or configuration error. Every verb takes ``--config FILE``."""
 
 from __future__ import annotations
 
@@ -12,40 +13,25 @@ from collections.abc import Callable, Sequence
 
 from sqlalchemy.exc import DBAPIError
 
-from dispatcher.config import Config, load_config
+from dispatcher.cli import approve, console, demo, ops, purge
+from dispatcher.cli.common import (
+    EXIT_FAILURE,
+    EXIT_OK,
+    EXIT_USAGE,
+    Parser,
+    common_options,
+    load,
+)
 from outbox.db import connect_failure
 from outbox.errors import ConfigError, OutboxError
 
 log = logging.getLogger("outboxd.cli")
 
-EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # type: ignore[override]
-        self.print_usage(sys.stderr)
-        sys.stderr.write(f"outboxd: error: {message}\n")
-        raise SystemExit(EXIT_USAGE)
-
-
-def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--config", metavar="FILE", help="TOML configuration (default: ./outboxd.toml if present)"
-    )
-
-
-def _load(args: argparse.Namespace) -> Config:
-    cfg = load_config(args.config)
-    from dispatcher import logs
-
-    logs.setup(cfg.dispatcher.log_level, cfg.dispatcher.log_format)
-    return cfg
-
 
 def cmd_migrate(args: argparse.Namespace) -> int:
     from outbox import db, migrate
 
-    cfg = _load(args)
+    cfg = load(args)
     if args.sql:
         sys.stdout.write(migrate.sql_script(cfg.database.url, cfg.database.schema))
         return EXIT_OK
@@ -65,7 +51,7 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     from dispatcher.daemon import Daemon
 
-    cfg = _load(args)
+    cfg = load(args)
     daemon = Daemon(cfg)
     daemon.install_signal_handlers()
     code = daemon.run(once=args.once)
@@ -89,7 +75,7 @@ def cmd_sim(args: argparse.Namespace) -> int:
 def cmd_status(args: argparse.Namespace) -> int:
     from dispatcher.status import collect, render
 
-    cfg = _load(args)
+    cfg = load(args)
     report = collect(cfg)
     if args.json:
         print(json.dumps(report, indent=2, default=str))
@@ -99,22 +85,22 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(
+    parser = Parser(
         prog="outboxd",
         description=(
             "A transactional outbox dispatcher: external effects without repeats or losses, "
             "and 'unknown' with evidence when nobody can know."
         ),
     )
-    sub = parser.add_subparsers(dest="verb", required=True, parser_class=_Parser)
+    sub = parser.add_subparsers(dest="verb", required=True, parser_class=Parser)
 
     p = sub.add_parser("migrate", help="create or upgrade the outbox tables")
-    _common(p)
+    common_options(p)
     p.add_argument("--sql", action="store_true", help="print the DDL instead of applying it")
     p.set_defaults(fn=cmd_migrate)
 
     p = sub.add_parser("run", help="run the dispatcher (the sidecar daemon)")
-    _common(p)
+    common_options(p)
     p.add_argument("--once", action="store_true", help="drain what is due now, then exit")
     p.set_defaults(fn=cmd_run)
 
@@ -125,41 +111,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=cmd_sim)
 
     p = sub.add_parser("status", help="counts by status, oldest pending, unknown and blocked")
-    _common(p)
+    common_options(p)
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(fn=cmd_status)
 
-    for extra in _extensions:
-        extra(sub)
+    for register in VERBS:
+        register(sub)
     return parser
 
 
-#: Other modules add verbs here (operator commands, demo, purge).
-_extensions: list[Callable[[argparse._SubParsersAction[_Parser]], None]] = []
-
-
-def _load_extensions() -> None:
-    import importlib
-
-    for module in (
-        "dispatcher.opscli",
-        "dispatcher.demo_cli",
-        "dispatcher.purge_cli",
-        "dispatcher.approvecli",
-        "dispatcher.console_cli",
-    ):
-        try:
-            mod = importlib.import_module(module)
-        except ModuleNotFoundError as exc:
-            if exc.name != module:
-                raise
-            continue
-        _extensions.append(mod.register)
+#: The verbs other modules define, in the order ``--help`` lists them: each module's
+#: ``register`` adds its sub-commands. An explicit table: a module that fails to import
+#: fails the command line, never silently removes its verb.
+VERBS: tuple[Callable[[argparse._SubParsersAction[Parser]], None], ...] = (
+    ops.register,
+    demo.register,
+    purge.register,
+    approve.register,
+    console.register,
+)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    if not _extensions:
-        _load_extensions()
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["sim"]:  # the sim parses its own flags
         from providers.sim.cli import main as sim_main
@@ -182,6 +155,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         return EXIT_OK
 
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,5 +1,5 @@
 """``outboxd purge [--dry-run]`` and ``outboxd erase --tenant T``: the retention path from
-the command line (registered through :func:`dispatcher.cli._load_extensions`).
+the command line (a verb of :mod:`dispatcher.cli.main`).
 
 Both print their counts as JSON. On PostgreSQL run them as a member of the retention
 role (``[database] retention_role``). See docs/security-model.md.
@@ -12,14 +12,14 @@ import getpass
 import json
 from typing import Any
 
-from dispatcher import cli
+from dispatcher.cli import common as cli
 from dispatcher.retention_job import RetentionJob
 from outbox import db
 from outbox.retention import erase_tenant
 
 
 def _engine(args: argparse.Namespace) -> tuple[Any, Any]:
-    cfg = cli._load(args)
+    cfg = cli.load(args)
     engine = db.create_engine(cfg.database.url, **cfg.database.engine_args())
     return cfg, engine
 
@@ -57,14 +57,14 @@ def _default_actor() -> str:
 
 def register(sub: Any) -> None:
     p = sub.add_parser("purge", help="apply the [retention] periods once (see --dry-run)")
-    cli._common(p)
+    cli.common_options(p)
     p.add_argument("--dry-run", action="store_true", help="count what would go; change nothing")
     p.set_defaults(fn=cmd_purge)
 
     p = sub.add_parser(
         "erase", help="remove one tenant's payloads and personal data, keep minimised evidence"
     )
-    cli._common(p)
+    cli.common_options(p)
     p.add_argument("--tenant", required=True, help="the tenant to erase")
     p.add_argument("--actor", default=_default_actor(), help="who asks (default: $USER)")
     p.add_argument("--reason", default="erasure request", help="why (recorded in the event)")

@@ -1,4 +1,4 @@
-"""The ``outboxd demo`` verb (registered by :func:`dispatcher.cli._load_extensions`)."""
+"""The ``outboxd demo`` verb (a verb of :mod:`dispatcher.cli.main`)."""
 
 from __future__ import annotations
 
