@@ -26,9 +26,10 @@ import sqlalchemy as sa
 from apscheduler.schedulers.background import BackgroundScheduler
 from sqlalchemy.engine import Engine
 
-from dispatcher import gauges, httpserver, metrics, replication
+from dispatcher import gauges, replication
 from dispatcher.authority import Authority, artifact_store
 from dispatcher.config import Config, protection_of
+from dispatcher.observability import endpoint, metrics
 from dispatcher.reconcile import Reconciler
 from dispatcher.recording import WorkerSettings
 from dispatcher.recovery import LeaseRecovery
@@ -94,7 +95,7 @@ class Daemon:
         self.verifier = Verifier(
             self.engine, self.providers, actor=self.worker_id, protection=self.protection
         )
-        self.health = httpserver.Health(wedged_after=max(60.0, d.lease_seconds * 2))
+        self.health = endpoint.Health(wedged_after=max(60.0, d.lease_seconds * 2))
         self.health.ready_check = self._ready_problem
         self.gauges = gauges.GaugeRefresher(self.engine)
         self.stopping = threading.Event()
@@ -169,7 +170,7 @@ class Daemon:
         metrics.init_labels(self.providers)
         if m.enabled and not once:
             try:
-                self._server = httpserver.serve(m.host, m.port, self.health)
+                self._server = endpoint.serve(m.host, m.port, self.health)
             except OSError as exc:
                 raise ConfigError(
                     f"metrics.port: cannot listen on {m.host}:{m.port}: {exc.strerror}. "

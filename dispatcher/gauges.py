@@ -29,7 +29,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
-from dispatcher import metrics
+from dispatcher.observability import metrics
 from outbox import schema
 from outbox.states import OperationStatus
 from outbox.types import db_now

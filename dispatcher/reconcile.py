@@ -23,8 +23,9 @@ from typing import Any
 
 from sqlalchemy.engine import Engine
 
-from dispatcher import failpoints, journal, metrics
+from dispatcher import failpoints, journal
 from dispatcher import repair_queries as q
+from dispatcher.observability import metrics
 from outbox.protect import Protection, seal_receipt
 from outbox.records import OperationRecord
 from outbox.states import OperationStatus

@@ -12,7 +12,8 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from dispatcher import journal, metrics, outcomes
+from dispatcher import journal, outcomes
+from dispatcher.observability import metrics
 from dispatcher.transitions import Recorded, Transition
 from outbox.protect import Protection, seal_receipt
 from outbox.records import OperationRecord

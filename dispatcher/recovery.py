@@ -15,8 +15,9 @@ from dataclasses import dataclass
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from dispatcher import journal, metrics
+from dispatcher import journal
 from dispatcher import repair_queries as q
+from dispatcher.observability import metrics
 from outbox.api import sweep_cancelled
 from outbox.states import OperationStatus
 

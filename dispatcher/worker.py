@@ -22,9 +22,10 @@ from typing import Any
 
 from sqlalchemy.engine import Connection, Engine
 
-from dispatcher import failpoints, journal, leases, metrics, outcomes, recording
+from dispatcher import failpoints, journal, leases, outcomes, recording
 from dispatcher import queries as q
 from dispatcher.checks import AuthorityCheck, NoAuthority, pre_dispatch, scan_stored
+from dispatcher.observability import metrics
 from dispatcher.recording import InFlight, WorkerSettings, decide, observe, recorded
 from dispatcher.transitions import Recorded, Transition
 from outbox.artifacts import ArtifactStore

@@ -30,7 +30,7 @@ def common_options(p: argparse.ArgumentParser) -> None:
 
 def load(args: argparse.Namespace) -> Config:
     cfg = load_config(args.config)
-    from dispatcher import logs
+    from dispatcher.observability import logs
 
     logs.setup(cfg.dispatcher.log_level, cfg.dispatcher.log_format)
     return cfg

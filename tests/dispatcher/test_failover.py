@@ -19,9 +19,10 @@ import psycopg
 import pytest
 import sqlalchemy as sa
 
-from dispatcher import metrics, queries, replication
+from dispatcher import queries, replication
 from dispatcher.config import load_config
 from dispatcher.daemon import Daemon
+from dispatcher.observability import metrics
 from dispatcher.pg_batch import TIMELINE_SHIFT
 from outbox import migrate
 from outbox.errors import ConfigError

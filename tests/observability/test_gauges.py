@@ -18,7 +18,7 @@ from sqlalchemy.engine import Engine
 
 from dispatcher import gauges, status
 from dispatcher.config import load_config
-from dispatcher.metrics import REGISTRY
+from dispatcher.observability.metrics import REGISTRY
 from outbox import db, schema
 from outbox.types import db_now
 from tests.support.daemon import REPO_ROOT, write_config

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from dispatcher import httpserver
 from dispatcher.config import load_config
 from dispatcher.daemon import Daemon
+from dispatcher.observability import endpoint
 from outbox import db, migrate
 from tests.observability import http_get, http_json, json_lines, metrics_port
 from tests.support.daemon import DaemonProcess, wait_until, write_config
@@ -29,7 +29,7 @@ def test_readyz_is_503_until_the_database_is_migrated(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'fresh.db'}"
     cfg = load_config(write_config(tmp_path, url, NULL_PROVIDER), env={})
     daemon = Daemon(cfg)
-    server = httpserver.serve("127.0.0.1", 0, daemon.health)
+    server = endpoint.serve("127.0.0.1", 0, daemon.health)
     base = f"http://127.0.0.1:{server.server_port}"
     try:
         code, body = http_json(f"{base}/readyz")
@@ -55,7 +55,7 @@ def test_readyz_without_providers_and_healthz_when_the_loop_is_wedged(
     cfg = load_config(write_config(tmp_path, sqlite_url, NULL_PROVIDER), env={})
     daemon = Daemon(cfg, providers={})
     daemon.health.wedged_after = 0.2  # the loop is not running in this test: it "wedges"
-    server = httpserver.serve("127.0.0.1", 0, daemon.health)
+    server = endpoint.serve("127.0.0.1", 0, daemon.health)
     base = f"http://127.0.0.1:{server.server_port}"
     try:
         assert http_json(f"{base}/readyz") == (
@@ -136,7 +136,7 @@ def test_a_transaction_pooler_without_listen_url_is_said_on_readyz(
     path.write_text(path.read_text().replace("[database]\n",
                                              '[database]\npooler = "transaction"\n'))
     daemon = Daemon(load_config(path, env={}))
-    server = httpserver.serve("127.0.0.1", 0, daemon.health)
+    server = endpoint.serve("127.0.0.1", 0, daemon.health)
     try:
         assert daemon._start_listener() is None  # polling only, and said
         code, body = http_json(f"http://127.0.0.1:{server.server_port}/readyz")

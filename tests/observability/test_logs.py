@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from dispatcher.logs import JsonFormatter, TextFormatter
+from dispatcher.observability.logs import JsonFormatter, TextFormatter
 from tests.observability import json_lines
 from tests.support.daemon import REPO_ROOT, run_once, write_config
 

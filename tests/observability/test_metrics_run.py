@@ -28,7 +28,7 @@ import pytest
 import yaml
 from sqlalchemy.engine import Engine
 
-from dispatcher.metrics import REGISTRY
+from dispatcher.observability.metrics import REGISTRY
 from outbox import db, migrate
 from outbox.api import StagedOperation, advance
 from tests.observability import (

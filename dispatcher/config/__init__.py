@@ -5,8 +5,8 @@ Every problem (unknown section or key, wrong type, out of range) is a
 :class:`~outbox.errors.ConfigError` naming the key as ``section.key`` and its source (file path
 or variable name). Values of credential-like keys are never echoed. See docs/configuration.md.
 
-This module reads and validates; the sections are in :mod:`dispatcher.config_sections`, value
-conversion in :mod:`dispatcher.config_values`, redaction in :mod:`dispatcher.config_redaction`.
+This module reads and validates; the sections are in :mod:`dispatcher.config.sections`, value
+conversion in :mod:`dispatcher.config.values`, redaction in :mod:`dispatcher.config.redaction`.
 Import from here: every public name of those modules is re-exported.
 """
 
@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.engine import make_url
 
-from dispatcher.config_redaction import REDACTED, config_error, config_to_dict, redact_url
-from dispatcher.config_sections import (
+from dispatcher.config.redaction import REDACTED, config_error, config_to_dict, redact_url
+from dispatcher.config.sections import (
     PROTECT_KEY,
     SECTIONS,
     ArtifactsConfig,
@@ -34,7 +34,7 @@ from dispatcher.config_sections import (
     ProtectionConfig,
     RetentionConfig,
 )
-from dispatcher.config_values import RawValue, build_section, env_provider_value, freeze
+from dispatcher.config.values import RawValue, build_section, env_provider_value, freeze
 from outbox import db
 from outbox.errors import ConfigError
 

@@ -11,7 +11,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from dispatcher.demo_processes import SimReceiver
+from dispatcher.demo.processes import SimReceiver
 
 SETTLED = ("applied", "verified", "rejected", "blocked", "cancelled")
 
@@ -29,7 +29,6 @@ class DemoReport:
     refused_message: str = ""
     kills: list[tuple[int, int]] = field(default_factory=list)  # (pid, rows dispatching)
     approved: list[str] = field(default_factory=list)
-    approval_enforced: bool = True
     sent_without_approval: list[str] = field(default_factory=list)
     by_status: dict[str, int] = field(default_factory=dict)
     sim: dict[str, Any] = field(default_factory=dict)

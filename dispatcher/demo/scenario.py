@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 
 from sqlalchemy.engine import Engine
 
-from dispatcher.demo_report import DemoReport
+from dispatcher.demo.report import DemoReport
 
 TENANT = "acme"
 PROVIDER = "tickets"

@@ -22,8 +22,8 @@ Exit code 0 when there is no duplicate and nothing is lost; 1 otherwise. ``--kee
 the directory (database, configuration, logs, the sim's ledger) for exploring.
 
 The steps live in their own modules: the agent and the operator in
-:mod:`dispatcher.demo_scenario`, the processes in :mod:`dispatcher.demo_processes`, the findings
-in :mod:`dispatcher.demo_report` and what is printed in :mod:`dispatcher.demo_output`; this
+:mod:`dispatcher.demo.scenario`, the processes in :mod:`dispatcher.demo.processes`, the findings
+in :mod:`dispatcher.demo.report` and what is printed in :mod:`dispatcher.demo.output`; this
 module runs them in order and re-exports their public names.
 """
 
@@ -42,15 +42,15 @@ from typing import TextIO
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from dispatcher.demo_output import Progress, render
-from dispatcher.demo_processes import (
+from dispatcher.demo.output import Progress, render
+from dispatcher.demo.processes import (
     SIM_FAULTS,
     START_TIMEOUT_SECONDS,
     DispatcherProcess,
     SimReceiver,
 )
-from dispatcher.demo_report import SETTLED, DemoReport, collect
-from dispatcher.demo_scenario import ACTOR, PROVIDER, TENANT, approve_waiting, stage_operations
+from dispatcher.demo.report import SETTLED, DemoReport, collect
+from dispatcher.demo.scenario import ACTOR, PROVIDER, TENANT, approve_waiting, stage_operations
 
 __all__ = [
     "ACTOR",
@@ -139,13 +139,6 @@ def _wait(
         time.sleep(interval)
 
 
-def _approval_enforced() -> bool:
-    """Does ``outboxd run`` check approvals? (the authority module is wired in)."""
-    import importlib.util
-
-    return importlib.util.find_spec("dispatcher.authority") is not None
-
-
 def run(
     *, operations: int = 300, seed: int | None = None, keep: bool = False,
     out: TextIO | None = None, tty: bool | None = None,
@@ -180,9 +173,6 @@ def run(
             f"({len(report.needs_approval)} need approval, 1 is past its deadline)"
         )
         progress.say(f"agent       refused at enqueue -> {report.refused_message}")
-        report.approval_enforced = _approval_enforced()
-        if not report.approval_enforced:
-            progress.say("WARNING     this build's dispatcher does not enforce approvals yet")
 
         progress.start(report.staged)
         total = report.staged

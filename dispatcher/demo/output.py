@@ -7,8 +7,8 @@ import time
 from collections import Counter
 from typing import Any, TextIO
 
-from dispatcher.demo_report import SETTLED, DemoReport
-from dispatcher.demo_scenario import ACTOR
+from dispatcher.demo.report import SETTLED, DemoReport
+from dispatcher.demo.scenario import ACTOR
 
 
 class Progress:
@@ -93,8 +93,6 @@ def render(report: DemoReport, *, keep: bool) -> str:
         lines.append(f"  {op_id:<28} -> {to:<8} {meaning}")
     lines += ["", f"approvals: {len(report.needs_approval)} operations needed one; "
                   f"approved by {ACTOR}: {len(report.approved)}"]
-    if not report.approval_enforced:
-        lines.append("  WARNING: this build's dispatcher does not enforce approvals")
     if report.sent_without_approval:
         lines.append(f"  SENT BEFORE APPROVAL: {', '.join(report.sent_without_approval)}")
     lines += ["", f"blocked: {len(report.blocked)}"]

@@ -8,7 +8,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from dispatcher.config_sections import SECTIONS, Config
+from dispatcher.config.sections import SECTIONS, Config
 from outbox.errors import ConfigError
 
 REDACTED = "<redacted>"

@@ -13,7 +13,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from dispatcher.metrics import REGISTRY
+from dispatcher.observability.metrics import REGISTRY
 
 log = logging.getLogger("outboxd.http")
 

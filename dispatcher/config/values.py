@@ -13,8 +13,8 @@ import typing
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from dispatcher.config_redaction import config_error, echo_value
-from dispatcher.config_sections import SECTIONS
+from dispatcher.config.redaction import config_error, echo_value
+from dispatcher.config.sections import SECTIONS
 
 _BOOLS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
 RawValue = tuple[Any, str | None, bool]  # (raw value, source, came from the environment)
