@@ -26,15 +26,15 @@ import sqlalchemy as sa
 from apscheduler.schedulers.background import BackgroundScheduler
 from sqlalchemy.engine import Engine
 
-from dispatcher import gauges, replication
 from dispatcher.authority import Authority, artifact_store
 from dispatcher.config import Config, protection_of
+from dispatcher.maintenance import gauges, replication
+from dispatcher.maintenance.lease_recovery import LeaseRecovery
+from dispatcher.maintenance.reconcile import Reconciler
+from dispatcher.maintenance.retention import RetentionJob
+from dispatcher.maintenance.verifier import Verifier
 from dispatcher.observability import endpoint, metrics
-from dispatcher.reconcile import Reconciler
 from dispatcher.recording import WorkerSettings
-from dispatcher.recovery import LeaseRecovery
-from dispatcher.retention_job import RetentionJob
-from dispatcher.verifier import Verifier
 from dispatcher.worker import RECORD_LINGER_SECONDS, Worker
 from outbox import db, migrate
 from outbox.ddl import NOTIFY_CHANNEL
@@ -271,7 +271,7 @@ class Daemon:
         if self.engine.dialect.name == "postgresql":
             jobs.append(("replication check", partial(self._check_replication, starting=False),
                          m.gauge_refresh_seconds))
-        if self.config.retention.enabled:  # once per cluster: see dispatcher.retention_job
+        if self.config.retention.enabled:  # once per cluster: see dispatcher.maintenance.retention
             purge = RetentionJob(self.engine, self.config.retention).run_once
             jobs.append(("retention purge", purge, self.config.retention.interval_seconds))
         for name, fn, every in jobs:
@@ -294,7 +294,7 @@ class Daemon:
 
     def _check_replication(self, *, starting: bool = True) -> None:
         """Refuse to start where a failover can lose commits, unless the operator accepted
-        it (see :mod:`dispatcher.replication`). Checked again while running (a standby
+        it (see :mod:`dispatcher.maintenance.replication`). Checked again while running (a standby
         attached later): a replica that would refuse to start stops claiming and says why
         on ``/readyz`` until commits wait for the standby again (or it is gone)."""
         state = replication.read(self.engine)

@@ -5,7 +5,7 @@ A lease is set (``dispatching``) or extended by a statement on the database cloc
 worker notes its own monotonic clock *before* each such statement, so its reckoning of
 when the lease ends is never later than the database's. Once that instant has passed,
 another replica may have recovered the row to ``unknown`` and be about to count a
-not-found look-up as "not applied" (``dispatcher.reconcile``); a request leaving after
+not-found look-up as "not applied" (``dispatcher.maintenance.reconcile``); a request leaving after
 that could land after the conclusion. So a send that finds its lease spent renews it
 first — one fenced statement, which succeeds only while the row is still ``dispatching``
 under this worker's token and revision — and is not made when that fails.

@@ -1,7 +1,7 @@
 """``outboxd status``: counts by status, oldest pending age, unknown and blocked by
 reason, replicas seen recently (lease owners and the actors of recent transitions), as a
 table or JSON. A one-off command: it counts every status exactly (the daemon's gauges
-avoid that per refresh, see :mod:`dispatcher.gauges`)."""
+avoid that per refresh, see :mod:`dispatcher.maintenance.gauges`)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from dispatcher import gauges
 from dispatcher.config import Config
+from dispatcher.maintenance import gauges
 from outbox import db, schema
 from outbox.api import SYSTEM_ACTOR
 from outbox.states import OperationStatus

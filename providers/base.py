@@ -123,7 +123,7 @@ class Verifying(Protocol):
     providers without it): a provider that can check an applied effect implements
     ``verify(receipt)``. It is given the stored receipt of an ``applied`` operation and must
     only *read* from the receiver, never repeat the write; the dispatcher's verifier
-    (:mod:`dispatcher.verifier`) moves the operation to ``verified`` on ``VERIFIED``."""
+    (:mod:`dispatcher.maintenance.verifier`) moves the operation to ``verified`` on ``VERIFIED``."""
 
     def verify(self, receipt: Mapping[str, Any]) -> VerifyResult:
         """Check the applied effect this receipt names. Never raises for receiver or

@@ -13,7 +13,7 @@ import json
 from typing import Any
 
 from dispatcher.cli import common as cli
-from dispatcher.retention_job import RetentionJob
+from dispatcher.maintenance.retention import RetentionJob
 from outbox import db
 from outbox.retention import erase_tenant
 

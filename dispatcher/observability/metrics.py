@@ -1,7 +1,7 @@
 """Prometheus metrics (names are the product's contract; labels may grow).
 
 Counters live in the process and start at zero after a restart, by design; the gauges are
-read from the database by a scheduler job (:mod:`dispatcher.gauges`), so they are right
+read from the database by a scheduler job (:mod:`dispatcher.maintenance.gauges`), so they are right
 after a restart. Labels carry identifiers (provider, outcome, reason), never payloads.
 """
 

@@ -2,7 +2,8 @@
 recover / reconcile code on a real SQLite file, with an in-process receiver double.
 
 Nothing of ours is mocked: two real :class:`dispatcher.worker.Worker` objects, the real
-:class:`dispatcher.recovery.LeaseRecovery` and :class:`dispatcher.reconcile.Reconciler`,
+:class:`dispatcher.maintenance.lease_recovery.LeaseRecovery` and
+:class:`dispatcher.maintenance.reconcile.Reconciler`,
 the real ``outbox.api`` for staging and cancelling. The receiver (:class:`Receiver`) is a
 real object implementing the provider protocol: it honours idempotency keys (replays a
 saved response) until they are pruned, keeps its effects for ever (the look-up reads
@@ -43,9 +44,9 @@ from hypothesis.stateful import (
     rule,
 )
 
-from dispatcher.reconcile import Reconciler
+from dispatcher.maintenance.lease_recovery import LeaseRecovery
+from dispatcher.maintenance.reconcile import Reconciler
 from dispatcher.recording import WorkerSettings
-from dispatcher.recovery import LeaseRecovery
 from dispatcher.worker import Worker
 from outbox import db, migrate, schema
 from outbox.api import StagedOperation, advance, cancel_task

@@ -19,9 +19,10 @@ import psycopg
 import pytest
 import sqlalchemy as sa
 
-from dispatcher import queries, replication
+from dispatcher import queries
 from dispatcher.config import load_config
 from dispatcher.daemon import Daemon
+from dispatcher.maintenance import replication
 from dispatcher.observability import metrics
 from dispatcher.pg_batch import TIMELINE_SHIFT
 from outbox import migrate

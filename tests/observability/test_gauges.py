@@ -16,8 +16,9 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from dispatcher import gauges, status
+from dispatcher import status
 from dispatcher.config import load_config
+from dispatcher.maintenance import gauges
 from dispatcher.observability.metrics import REGISTRY
 from outbox import db, schema
 from outbox.types import db_now

@@ -22,8 +22,8 @@ import httpx
 from sqlalchemy.engine import Engine
 
 from dispatcher import queries as q
-from dispatcher.reconcile import Reconciler
-from dispatcher.recovery import LeaseRecovery
+from dispatcher.maintenance.lease_recovery import LeaseRecovery
+from dispatcher.maintenance.reconcile import Reconciler
 from outbox.api import StagedOperation, advance
 from providers.base import (
     Capabilities,

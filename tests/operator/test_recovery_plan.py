@@ -12,7 +12,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from dispatcher.recovery import LeaseRecovery
+from dispatcher.maintenance.lease_recovery import LeaseRecovery
 from outbox import approvals, db, recovery, schema
 from outbox.api import cancel_task
 from outbox.errors import TaskNotFound

@@ -15,7 +15,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from dispatcher.config import RetentionConfig
-from dispatcher.retention_job import ADVISORY_KEY, RetentionJob
+from dispatcher.maintenance.retention import ADVISORY_KEY, RetentionJob
 from outbox import api, db, errors
 from outbox.db import mapped_errors
 from outbox.retention import ErasureRefused, erase_tenant, purge, retention_path
