@@ -176,8 +176,7 @@ def drain_for(
 
 def claim_latency_ms(dsn: str, *, batch: int = 100, samples: int = 20) -> float:
     """Median time of one claim statement (rolled back, so the backlog is unchanged)."""
-    from dispatcher import queries as q
-
+    from dispatcher.store import queries as q
     engine = db.create_engine(sa_url(dsn))
     times = []
     try:
@@ -195,7 +194,7 @@ def claim_latency_ms(dsn: str, *, batch: int = 100, samples: int = 20) -> float:
 def explain_claim(dsn: str, *, batch: int = 100) -> str:
     from sqlalchemy.dialects import postgresql
 
-    from dispatcher import queries as q
+    from dispatcher.store import queries as q
 
     stmt = q._eligible(batch).with_for_update(skip_locked=True, of=q.ops)
     sql = str(stmt.compile(dialect=postgresql.dialect(), compile_kwargs={"literal_binds": True}))

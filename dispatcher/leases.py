@@ -20,8 +20,8 @@ from collections.abc import Iterable
 
 from sqlalchemy.engine import Engine
 
-from dispatcher import queries as q
 from dispatcher.recording import InFlight, WorkerSettings
+from dispatcher.store import queries as q
 
 log = logging.getLogger("outboxd.dispatch")
 

@@ -12,9 +12,10 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from dispatcher import journal, outcomes
+from dispatcher import outcomes
 from dispatcher.observability import metrics
-from dispatcher.transitions import Recorded, Transition
+from dispatcher.store import journal
+from dispatcher.store.transitions import Recorded, Transition
 from outbox.protect import Protection, seal_receipt
 from outbox.records import OperationRecord
 from outbox.states import OperationStatus

@@ -22,12 +22,13 @@ from typing import Any
 
 from sqlalchemy.engine import Connection, Engine
 
-from dispatcher import failpoints, journal, leases, outcomes, recording
-from dispatcher import queries as q
+from dispatcher import failpoints, leases, outcomes, recording
 from dispatcher.checks import AuthorityCheck, NoAuthority, pre_dispatch, scan_stored
 from dispatcher.observability import metrics
 from dispatcher.recording import InFlight, WorkerSettings, decide, observe, recorded
-from dispatcher.transitions import Recorded, Transition
+from dispatcher.store import journal
+from dispatcher.store import queries as q
+from dispatcher.store.transitions import Recorded, Transition
 from outbox.artifacts import ArtifactStore
 from outbox.records import OperationRecord
 from outbox.states import OperationStatus

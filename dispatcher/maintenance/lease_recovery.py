@@ -15,9 +15,9 @@ from dataclasses import dataclass
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from dispatcher import journal
-from dispatcher import repair_queries as q
 from dispatcher.observability import metrics
+from dispatcher.store import journal
+from dispatcher.store import repair_queries as q
 from outbox.api import sweep_cancelled
 from outbox.states import OperationStatus
 

@@ -23,9 +23,10 @@ from typing import Any
 
 from sqlalchemy.engine import Engine
 
-from dispatcher import failpoints, journal
-from dispatcher import repair_queries as q
+from dispatcher import failpoints
 from dispatcher.observability import metrics
+from dispatcher.store import journal
+from dispatcher.store import repair_queries as q
 from outbox.protect import Protection, seal_receipt
 from outbox.records import OperationRecord
 from outbox.states import OperationStatus

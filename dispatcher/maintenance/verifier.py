@@ -32,7 +32,8 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Engine
 
-from dispatcher import failpoints, journal
+from dispatcher import failpoints
+from dispatcher.store import journal
 from outbox import schema
 from outbox.protect import Protection, open_receipt
 from outbox.records import OperationRecord, raw_operation_columns

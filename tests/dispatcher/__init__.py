@@ -236,7 +236,7 @@ def is_stopped(pid: int) -> bool:
 
 
 def db_now(engine: Engine) -> datetime:
-    from dispatcher.queries import fetch_db_now
+    from dispatcher.store.queries import fetch_db_now
 
     with engine.connect() as conn:
         return fetch_db_now(conn)

@@ -19,12 +19,12 @@ import psycopg
 import pytest
 import sqlalchemy as sa
 
-from dispatcher import queries
 from dispatcher.config import load_config
 from dispatcher.daemon import Daemon
 from dispatcher.maintenance import replication
 from dispatcher.observability import metrics
-from dispatcher.pg_batch import TIMELINE_SHIFT
+from dispatcher.store import queries
+from dispatcher.store.pg_batch import TIMELINE_SHIFT
 from outbox import migrate
 from outbox.errors import ConfigError
 from tests.dispatcher import config, drain_once, engine_for, key_of, stage

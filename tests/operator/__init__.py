@@ -21,9 +21,9 @@ from typing import Any
 import httpx
 from sqlalchemy.engine import Engine
 
-from dispatcher import queries as q
 from dispatcher.maintenance.lease_recovery import LeaseRecovery
 from dispatcher.maintenance.reconcile import Reconciler
+from dispatcher.store import queries as q
 from outbox.api import StagedOperation, advance
 from providers.base import (
     Capabilities,

@@ -20,8 +20,8 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from dispatcher import journal, pg_batch
-from dispatcher.transitions import Dispatching, Recorded, Transition
+from dispatcher.store import journal, pg_batch
+from dispatcher.store.transitions import Dispatching, Recorded, Transition
 from outbox import schema
 from outbox.records import OperationRecord, raw_operation_columns
 from outbox.states import NON_TERMINAL, OperationStatus
@@ -119,7 +119,7 @@ def operation_claim_batch(
 ) -> tuple[int, list[OperationRecord]]:
     """Claim up to ``limit`` eligible rows: ``pending -> claimed`` with a lease on the
     database clock and a fresh fencing token, and their ``outbox_events`` rows. PostgreSQL:
-    one statement (:func:`dispatcher.pg_batch.claim`), ``FOR UPDATE SKIP LOCKED`` so
+    one statement (:func:`dispatcher.store.pg_batch.claim`), ``FOR UPDATE SKIP LOCKED`` so
     replicas never wait on each other; SQLite: the caller's ``BEGIN IMMEDIATE`` makes this
     the only writer. Returns ``(token, rows)``."""
     if _pg(conn):

@@ -11,7 +11,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from dispatcher.queries import fetch_db_now
+from dispatcher.store.queries import fetch_db_now
 from outbox import schema
 from outbox.records import OperationRecord, raw_operation_columns
 from outbox.states import OperationStatus

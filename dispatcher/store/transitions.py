@@ -1,4 +1,4 @@
-"""The values the hot-path statements of :mod:`dispatcher.queries` take and return.
+"""The values the hot-path statements of :mod:`dispatcher.store.queries` take and return.
 
 A claimed batch moves ``claimed -> dispatching`` (:class:`Dispatching` comes back per row
 moved), then each finished send becomes a fenced :class:`Transition`, and the recording
@@ -47,7 +47,7 @@ class Transition:
 @dataclass(frozen=True)
 class Recorded:
     """One finished send to record: its fenced transition, the ``detail`` of its event, and
-    its ``outbox_attempts`` row (:func:`dispatcher.journal.attempt`, evidence not yet marked
+    its ``outbox_attempts`` row (:func:`dispatcher.store.journal.attempt`, evidence not yet marked
     fenced: that is known only when the write has matched or not)."""
 
     op: OperationRecord

@@ -5,7 +5,7 @@ record step, ``outbox_attempts``) rows with data-modifying CTEs over the rows it
 Each statement is built once and bound with parameters; a batch's per-row values travel
 as one JSON parameter read back with ``jsonb_to_recordset``, so the statement text is the
 same whatever the batch size, SQLAlchemy compiles it once, and no row crosses the wire as
-a statement of its own. The portable forms (and SQLite's) are in :mod:`dispatcher.queries`,
+a statement of its own. The portable forms (and SQLite's) are in :mod:`dispatcher.store.queries`,
 which calls these; the invariants are documented there.
 """
 
