@@ -29,8 +29,8 @@ from bench.harness import REPO, Deadline, scratch_database
 
 PHASES = {  # label: (module, attribute path)
     "claim statement": ("dispatcher.store.queries", "operation_claim_batch"),
-    "dispatching transaction": ("dispatcher.worker", "Worker._commit_dispatching"),
-    "record transaction": ("dispatcher.worker", "Worker._record"),
+    "dispatching transaction": ("dispatcher.engine.worker", "Worker._commit_dispatching"),
+    "record transaction": ("dispatcher.engine.worker", "Worker._record"),
 }
 
 

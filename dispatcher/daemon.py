@@ -1,4 +1,4 @@
-"""``outboxd run``: the sidecar's life cycle around :class:`dispatcher.worker.Worker`.
+"""``outboxd run``: the sidecar's life cycle around :class:`dispatcher.engine.worker.Worker`.
 
 Start: check the schema is current, build providers, then — before claiming anything —
 recover expired leases and reconcile what it finds (a starting replica trusts the
@@ -26,16 +26,16 @@ import sqlalchemy as sa
 from apscheduler.schedulers.background import BackgroundScheduler
 from sqlalchemy.engine import Engine
 
-from dispatcher.authority import Authority, artifact_store
 from dispatcher.config import Config, protection_of
+from dispatcher.engine.authority import Authority, artifact_store
+from dispatcher.engine.recording import WorkerSettings
+from dispatcher.engine.worker import RECORD_LINGER_SECONDS, Worker
 from dispatcher.maintenance import gauges, replication
 from dispatcher.maintenance.lease_recovery import LeaseRecovery
 from dispatcher.maintenance.reconcile import Reconciler
 from dispatcher.maintenance.retention import RetentionJob
 from dispatcher.maintenance.verifier import Verifier
 from dispatcher.observability import endpoint, metrics
-from dispatcher.recording import WorkerSettings
-from dispatcher.worker import RECORD_LINGER_SECONDS, Worker
 from outbox import db, migrate
 from outbox.ddl import NOTIFY_CHANNEL
 from outbox.errors import ConfigError, MigrationError

@@ -7,7 +7,7 @@ computed from its inline payload; for an artifact, the recorded digest of the ar
 transaction (they never begin, commit or roll back) and append an ``outbox_events`` row
 (kind ``approval`` / ``revocation``, with actor and reason).
 
-The dispatcher (:mod:`dispatcher.authority`) sends an operation with ``requires_approval``
+The dispatcher (:mod:`dispatcher.engine.authority`) sends an operation with ``requires_approval``
 only while one of its approvals *matches* (``payload_hash`` equals the row's digest), is
 not revoked and not expired on the database clock; :func:`evaluate` is that rule. The
 approval is consumed (``consumed_at``, ``consumed_fencing_token``) in the transaction that

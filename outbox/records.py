@@ -90,7 +90,7 @@ class OperationRecord:
         elif isinstance(values[_RECEIPT_AT], decoding.Undecodable):
             problem = values[_RECEIPT_AT]
         if problem is not None and not isinstance(values[_PAYLOAD_AT], decoding.Undecodable):
-            values[_PAYLOAD_AT] = problem  # the row is parked for it: see dispatcher.checks
+            values[_PAYLOAD_AT] = problem  # the row is parked for it: see dispatcher.engine.checks
         values[_STATUS_AT] = OperationStatus(values[_STATUS_AT])
         values[_APPROVAL_AT] = bool(values[_APPROVAL_AT])
         return cls(*values)

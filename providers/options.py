@@ -190,7 +190,7 @@ def read_capabilities(
 
 
 def read_authority_keys(reader: SectionReader) -> tuple[frozenset[str] | None, str | None]:
-    """Validate the keys the dispatcher's authority checks use (``dispatcher.authority``):
+    """Validate the keys the dispatcher's authority checks use (``dispatcher.engine.authority``):
     ``workflow_versions`` (a non-empty list of strings; absent: any version) and
     ``policy`` (``"package.module:function"``, imported by the daemon at start-up)."""
     versions_raw = reader.raw("workflow_versions")

@@ -16,7 +16,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from dispatcher.outcomes import window_open
+from dispatcher.engine.outcomes import window_open
 from dispatcher.status import RECENT_SECONDS
 from outbox import schema, tenancy
 from outbox.api import SYSTEM_ACTOR

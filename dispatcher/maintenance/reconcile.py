@@ -23,7 +23,7 @@ from typing import Any
 
 from sqlalchemy.engine import Engine
 
-from dispatcher import failpoints
+from dispatcher.engine import failpoints
 from dispatcher.observability import metrics
 from dispatcher.store import journal
 from dispatcher.store import repair_queries as q

@@ -32,7 +32,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Engine
 
-from dispatcher import failpoints
+from dispatcher.engine import failpoints
 from dispatcher.store import journal
 from outbox import schema
 from outbox.protect import Protection, open_receipt

@@ -1,7 +1,7 @@
 """Stateful property tests: hypothesis drives the real claim / dispatch / record /
 recover / reconcile code on a real SQLite file, with an in-process receiver double.
 
-Nothing of ours is mocked: two real :class:`dispatcher.worker.Worker` objects, the real
+Nothing of ours is mocked: two real :class:`dispatcher.engine.worker.Worker` objects, the real
 :class:`dispatcher.maintenance.lease_recovery.LeaseRecovery` and
 :class:`dispatcher.maintenance.reconcile.Reconciler`,
 the real ``outbox.api`` for staging and cancelling. The receiver (:class:`Receiver`) is a
@@ -44,10 +44,10 @@ from hypothesis.stateful import (
     rule,
 )
 
+from dispatcher.engine.recording import WorkerSettings
+from dispatcher.engine.worker import Worker
 from dispatcher.maintenance.lease_recovery import LeaseRecovery
 from dispatcher.maintenance.reconcile import Reconciler
-from dispatcher.recording import WorkerSettings
-from dispatcher.worker import Worker
 from outbox import db, migrate, schema
 from outbox.api import StagedOperation, advance, cancel_task
 from providers.base import (

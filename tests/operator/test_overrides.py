@@ -7,7 +7,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from dispatcher.outcomes import MAYBE_APPLIED
+from dispatcher.engine.outcomes import MAYBE_APPLIED
 from outbox import overrides, recovery
 from outbox.api import get_operation
 from outbox.errors import IllegalTransition, OperationNotFound

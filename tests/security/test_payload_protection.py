@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from dispatcher.checks import pre_dispatch
 from dispatcher.config import load_config, protection_of
+from dispatcher.engine.checks import pre_dispatch
 from outbox import db, errors, protect
 from outbox.api import StagedOperation, advance, enqueue, get_operation
 from outbox.digest import payload_digest

@@ -11,7 +11,7 @@ from tests.support.daemon import REPO_ROOT
 
 SCRIPT = """
 import os, sys
-from dispatcher import failpoints
+from dispatcher.engine import failpoints
 control = sys.argv[1]
 failpoints.hit("after_send")             # nothing armed yet
 failpoints.hit("after_claim_commit")     # armed from the environment on its 2nd hit only

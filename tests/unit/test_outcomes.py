@@ -1,5 +1,5 @@
-"""Pure decisions: what an outcome means for an operation (dispatcher/outcomes.py), and the
-retry policy fed from persisted state (dispatcher/retry.py). No I/O."""
+"""Pure decisions: what an outcome means for an operation (dispatcher/engine/outcomes.py), and the
+retry policy fed from persisted state (dispatcher/engine/retry.py). No I/O."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from dispatcher import outcomes
-from dispatcher.outcomes import Decision, decide, policy_for, window_open
-from dispatcher.retry import RetryPolicy
+from dispatcher.engine import outcomes
+from dispatcher.engine.outcomes import Decision, decide, policy_for, window_open
+from dispatcher.engine.retry import RetryPolicy
 from outbox.states import OperationStatus as S
 from providers.base import Capabilities, Outcome, OutcomeKind
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from dispatcher import outcomes
+from dispatcher.engine import outcomes
 from dispatcher.observability import metrics
 from dispatcher.store import journal
 from dispatcher.store.transitions import Recorded, Transition
@@ -50,7 +50,7 @@ class InFlight:
     """The monotonic instant this worker's lease on the row ends by its own reckoning: the
     lease time after a clock reading taken *before* the statement that set or extended it,
     so never later than the lease on the database clock. No request leaves after it unless
-    the lease is renewed first (``dispatcher.leases``)."""
+    the lease is renewed first (``dispatcher.engine.leases``)."""
     lease_lost: bool = False
 
     def db_now(self) -> datetime:
@@ -68,7 +68,7 @@ def not_sent_outcome(item: InFlight, now: float) -> Outcome | None:
     if item.send_by is not None and now >= item.send_by:
         item.not_sent = True
         return _not_sent("DedupWindowPassed", "the receiver's dedup window closed first")
-    if now >= item.lease_until:  # the caller may still renew it (``dispatcher.leases``)
+    if now >= item.lease_until:  # the caller may still renew it (``dispatcher.engine.leases``)
         item.lease_lost = True
         return _not_sent("LeaseExpired", "the lease ended before the request left",
                          lease_expired=True)

@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 from sqlalchemy.engine import Connection
 
-from dispatcher import outcomes
+from dispatcher.engine import outcomes
 from outbox.admission import admit
 from outbox.artifacts import ArtifactStore
 from outbox.decoding import PAYLOAD_UNDECODABLE, Undecodable

@@ -22,10 +22,10 @@ from typing import Any
 
 from sqlalchemy.engine import Connection, Engine
 
-from dispatcher import failpoints, leases, outcomes, recording
-from dispatcher.checks import AuthorityCheck, NoAuthority, pre_dispatch, scan_stored
+from dispatcher.engine import failpoints, leases, outcomes, recording
+from dispatcher.engine.checks import AuthorityCheck, NoAuthority, pre_dispatch, scan_stored
+from dispatcher.engine.recording import InFlight, WorkerSettings, decide, observe, recorded
 from dispatcher.observability import metrics
-from dispatcher.recording import InFlight, WorkerSettings, decide, observe, recorded
 from dispatcher.store import journal
 from dispatcher.store import queries as q
 from dispatcher.store.transitions import Recorded, Transition

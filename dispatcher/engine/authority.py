@@ -1,5 +1,5 @@
 """Authority and limits, re-checked before every send and re-send (the built-in
-:class:`~dispatcher.checks.AuthorityCheck`).
+:class:`~dispatcher.engine.checks.AuthorityCheck`).
 
 Runs inside the transaction that commits ``dispatching`` (after admission, which resolved
 any artifact and checked ``payload_schema``), on the database clock ``now``, in this order:
@@ -35,8 +35,8 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from dispatcher.checks import Refusal
 from dispatcher.config import Config
+from dispatcher.engine.checks import Refusal
 from outbox import schema
 from outbox.admission import INCOMPATIBLE_VERSION
 from outbox.approvals import Approval, evaluate

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from dispatcher.retry import RetryPolicy
+from dispatcher.engine.retry import RetryPolicy
 from outbox import states
 from outbox.states import OperationStatus
 from providers.base import Capabilities, Outcome, OutcomeKind
