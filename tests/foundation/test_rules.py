@@ -1,6 +1,6 @@
-"""Database-side rules (outbox.ddl) hold for every writer, ORM or raw SQL, on both dialects:
-immutable identity/payload/key columns, append-only evidence tables, the payload size limit
-from ``outbox_meta``, valid JSON.
+"""Database-side rules (outbox.migrations.rules_0001) hold for every writer, ORM or raw SQL,
+on both dialects: immutable identity/payload/key columns, append-only evidence tables, the
+payload size limit from ``outbox_meta``, valid JSON.
 """
 
 from __future__ import annotations
@@ -12,9 +12,10 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from outbox import api, errors, schema
+from outbox import api, ddl, errors, schema
 from outbox.db import mapped_errors
 from outbox.ddl import DEFAULT_MAX_PAYLOAD_BYTES
+from outbox.migrations import rules_0001
 
 from .sqlcli import count
 
@@ -163,7 +164,7 @@ def test_postgresql_refuses_truncate_of_append_only_tables(engine: Engine, evide
 
 
 def test_retention_path_may_delete_but_still_not_update(engine: Engine, evidence: None) -> None:
-    """Only the purge job's own path deletes evidence (see outbox.ddl)."""
+    """Only the purge job's own path deletes evidence (see outbox.migrations.rules_0001)."""
     with engine.begin() as conn:
         if engine.dialect.name == "postgresql":
             conn.exec_driver_sql("SET LOCAL outbox.retention_purge = 'on'")
@@ -272,3 +273,11 @@ def test_invalid_json_text_is_refused(engine: Engine) -> None:
             with pytest.raises(sa.exc.DataError, match="invalid input syntax for type json"):
                 _raw_payload_insert(engine, "bad-json", text)
     assert count(url_of(engine), "SELECT count(*) FROM outbox_operations") == 0
+
+
+def test_the_live_names_agree_with_the_rules_the_migrations_installed() -> None:
+    # the rules are frozen with their revisions; the live code names the same channel and
+    # limit, or a dispatcher would LISTEN where no trigger NOTIFYs
+    assert ddl.NOTIFY_CHANNEL == rules_0001.NOTIFY_CHANNEL
+    assert ddl.DEFAULT_MAX_PAYLOAD_BYTES == rules_0001.DEFAULT_MAX_PAYLOAD_BYTES
+    assert any(f"pg_notify('{ddl.NOTIFY_CHANNEL}'" in s for s in rules_0001.postgresql_statements())

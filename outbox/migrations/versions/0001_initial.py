@@ -11,7 +11,7 @@ import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects import postgresql
 
-from outbox import ddl
+from outbox.migrations import rules_0001 as ddl
 from outbox.types import UtcDateTime, db_now
 
 revision = "0001"

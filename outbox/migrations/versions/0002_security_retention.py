@@ -22,7 +22,7 @@ import re
 import sqlalchemy as sa
 from alembic import op
 
-from outbox import ddl
+from outbox.migrations import rules_0001 as ddl
 from outbox.types import UtcDateTime
 
 revision = "0002"
