@@ -35,8 +35,13 @@ def _build_null(name: str, reader: SectionReader) -> Provider:
 
 
 def _build_nats(name: str, reader: SectionReader) -> Provider:
-    from providers.nats import build_nats  # imports nats-py only when configured
-
+    try:  # nats-py comes with outboxd[nats], imported only when configured
+        from providers.nats import build_nats
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").partition(".")[0] != "nats":
+            raise
+        raise ProviderConfigError(f"providers.{name}.kind: \"nats\" needs the nats extra: "
+                                  "pip install 'outboxd[nats]'") from None
     return build_nats(name, reader)
 
 

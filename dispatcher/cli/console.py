@@ -18,6 +18,7 @@ import sys
 from typing import Any
 
 from dispatcher.cli.common import EXIT_OK, EXIT_USAGE, common_options, load
+from outbox.errors import ConfigError
 
 
 def _hash(args: argparse.Namespace) -> int:
@@ -34,7 +35,20 @@ def _hash(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _needs_the_console_extra() -> None:
+    """The console's own dependencies (Jinja2) come with ``outboxd[console]``: without
+    them, one line saying so (exit 2), not a traceback."""
+    try:
+        import dispatcher.console  # noqa: F401
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").partition(".")[0] != "jinja2":
+            raise
+        raise ConfigError("outboxd console needs the console extra: "
+                          "pip install 'outboxd[console]'") from None
+
+
 def cmd_console(args: argparse.Namespace) -> int:
+    _needs_the_console_extra()
     if args.hash_password:
         return _hash(args)
     from dispatcher.console import ConsoleApp, load_users, serve
