@@ -12,12 +12,12 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from outbox import artifacts as _artifacts
 from outbox import decoding
 from outbox.digest import canonical_json, digest_of_canonical
 from outbox.errors import SecretInPayload
+from outbox.protection import artifacts as _artifacts
+from outbox.protection.secrets import SecretFinding, find_secrets
 from outbox.records import OperationRecord
-from outbox.secrets import SecretFinding, find_secrets
 
 UNKNOWN_PROVIDER = "unknown_provider"
 PAYLOAD_NOT_OBJECT = "payload_not_object"
@@ -54,7 +54,7 @@ def admit(
     """Check one row. Never raises for bad data: returns the reason instead.
 
     A row with ``payload_ref`` and no inline payload is resolved through ``artifacts``
-    (:func:`outbox.artifacts.resolve`); the verified artifact is returned as ``payload``
+    (:func:`outbox.protection.artifacts.resolve`); the verified artifact is returned as ``payload``
     and is exempt from ``max_payload_bytes`` (large payloads are what artifacts are for)."""
     if op.provider not in known_providers:
         return Admission(False, UNKNOWN_PROVIDER, f"provider {op.provider!r} is not configured")

@@ -10,9 +10,10 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 
-from outbox import errors, protect, schema
+from outbox import errors, schema
 from outbox.db import connection_of, insert_for
 from outbox.ddl import DEFAULT_MAX_PAYLOAD_BYTES
+from outbox.protection import envelopes as protect
 from outbox.records import TaskRecord
 from outbox.staging import existing_operation, same_operation, stage_row
 from outbox.tenancy import set_tenant

@@ -14,10 +14,11 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 
-from outbox import errors, protect, schema
+from outbox import errors, schema
 from outbox.db import connection_of, insert_for, mapped_errors
 from outbox.ddl import DEFAULT_MAX_PAYLOAD_BYTES
 from outbox.digest import default_idempotency_key, payload_digest
+from outbox.protection import envelopes as protect
 from outbox.records import OperationRecord
 from outbox.tenancy import set_tenant
 from outbox.validation import StagedOperation, prepare
@@ -113,7 +114,7 @@ def enqueue(
     :class:`~outbox.errors.PayloadMismatch` — a regenerated payload never replaces the
     accepted one. Refuses payloads that are not JSON objects, too large, or carry a
     credential (:class:`~outbox.errors.SecretInPayload`, naming the path, not the value).
-    ``protection`` (default: :func:`outbox.protect.configure`'s) seals the payload of a
+    ``protection`` (default: :func:`outbox.protection.envelopes.configure`'s) seals the payload of a
     protected provider (see docs/security.md). ``options`` are the other
     :class:`StagedOperation` fields.
     """

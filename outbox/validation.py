@@ -13,9 +13,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from outbox import decoding, errors, protect
+from outbox import decoding, errors
 from outbox.digest import canonical_json, payload_digest
-from outbox.secrets import check_no_secrets
+from outbox.protection import envelopes as protect
+from outbox.protection.secrets import check_no_secrets
 
 
 @dataclass(frozen=True)

@@ -39,7 +39,7 @@ from outbox import db
 from outbox.errors import ConfigError
 
 if TYPE_CHECKING:
-    from outbox.protect import Protection
+    from outbox.protection.envelopes import Protection
 
 __all__ = [
     "DEFAULT_FILE",
@@ -233,7 +233,7 @@ def protection_of(cfg: Config, environ: Mapping[str, str] | None = None) -> Prot
     reference, never the value); None when ``[protection]`` has no keys."""
     if not cfg.protection.keys or cfg.protection.active_key is None:
         return None
-    from outbox.protect import Protection
+    from outbox.protection.envelopes import Protection
 
     return Protection.from_references(
         cfg.protection.keys, cfg.protection.active_key, cfg.protected_providers(), environ

@@ -40,9 +40,9 @@ from dispatcher.engine.checks import Refusal
 from outbox import schema
 from outbox.admission import INCOMPATIBLE_VERSION
 from outbox.approvals import Approval, evaluate
-from outbox.artifacts import LocalArtifactStore
 from outbox.digest import payload_digest
 from outbox.errors import ConfigError
+from outbox.protection.artifacts import LocalArtifactStore
 from outbox.records import OperationRecord
 from outbox.types import db_now
 

@@ -18,11 +18,11 @@ from sqlalchemy.engine import Connection
 
 from dispatcher.engine import outcomes
 from outbox.admission import admit
-from outbox.artifacts import ArtifactStore
 from outbox.decoding import PAYLOAD_UNDECODABLE, Undecodable
-from outbox.protect import EnvelopeError, Protection, is_envelope, open_payload
+from outbox.protection.artifacts import ArtifactStore
+from outbox.protection.envelopes import EnvelopeError, Protection, is_envelope, open_payload
+from outbox.protection.secrets import SecretFinding, find_secrets_many
 from outbox.records import OperationRecord
-from outbox.secrets import SecretFinding, find_secrets_many
 from outbox.states import OperationStatus
 from providers.base import Provider
 

@@ -16,7 +16,7 @@ from dispatcher.engine import outcomes
 from dispatcher.observability import metrics
 from dispatcher.store import journal
 from dispatcher.store.transitions import Recorded, Transition
-from outbox.protect import Protection, seal_receipt
+from outbox.protection.envelopes import Protection, seal_receipt
 from outbox.records import OperationRecord
 from outbox.states import OperationStatus
 from providers.base import Capabilities, Outcome, OutcomeKind, Provider, TransportPhase

@@ -29,7 +29,7 @@ from dispatcher.observability import metrics
 from dispatcher.store import journal
 from dispatcher.store import queries as q
 from dispatcher.store.transitions import Recorded, Transition
-from outbox.artifacts import ArtifactStore
+from outbox.protection.artifacts import ArtifactStore
 from outbox.records import OperationRecord
 from outbox.states import OperationStatus
 from providers.base import Dispatch, Outcome, OutcomeKind, Provider, TransportPhase

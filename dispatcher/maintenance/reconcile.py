@@ -27,7 +27,7 @@ from dispatcher.engine import failpoints
 from dispatcher.observability import metrics
 from dispatcher.store import journal
 from dispatcher.store import repair_queries as q
-from outbox.protect import Protection, seal_receipt
+from outbox.protection.envelopes import Protection, seal_receipt
 from outbox.records import OperationRecord
 from outbox.states import OperationStatus
 from providers.base import Dispatch, LookupConsistency, LookupKind, LookupResult, Provider

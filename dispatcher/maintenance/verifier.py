@@ -35,7 +35,7 @@ from sqlalchemy.engine import Engine
 from dispatcher.engine import failpoints
 from dispatcher.store import journal
 from outbox import schema
-from outbox.protect import Protection, open_receipt
+from outbox.protection.envelopes import Protection, open_receipt
 from outbox.records import OperationRecord, raw_operation_columns
 from outbox.recovery import VERIFICATION_FAILED, VERIFIER_META_PREFIX
 from outbox.states import OperationStatus, check_transition

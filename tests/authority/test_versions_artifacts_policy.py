@@ -10,8 +10,13 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from outbox.artifacts import InvalidReference, LocalArtifactStore, check_ref, store_payload
 from outbox.digest import payload_digest
+from outbox.protection.artifacts import (
+    InvalidReference,
+    LocalArtifactStore,
+    check_ref,
+    store_payload,
+)
 from tests.authority import (
     PROVIDER,
     approve,

@@ -20,10 +20,17 @@ import sqlalchemy as sa
 
 from dispatcher.config import load_config, protection_of
 from dispatcher.engine.checks import pre_dispatch
-from outbox import db, errors, protect
+from outbox import db, errors
 from outbox.api import StagedOperation, advance, enqueue, get_operation
 from outbox.digest import payload_digest
-from outbox.protect import ENVELOPE_KEY, KeyRing, Protection, envelope_key_id, generate_key
+from outbox.protection import envelopes as protect
+from outbox.protection.envelopes import (
+    ENVELOPE_KEY,
+    KeyRing,
+    Protection,
+    envelope_key_id,
+    generate_key,
+)
 from outbox.states import OperationStatus
 from providers.registry import build_provider
 from tests.dispatcher import assert_once_each, key_of, sim_bodies, wire_sha256

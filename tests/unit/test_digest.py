@@ -21,7 +21,7 @@ from outbox.digest import (
     default_idempotency_key,
     payload_digest,
 )
-from outbox.secrets import find_secrets
+from outbox.protection.secrets import find_secrets
 
 MAX_SAFE = 2**53 - 1
 FAST = settings(max_examples=40, deadline=None)

@@ -1,5 +1,5 @@
-"""Envelope encryption (outbox.protect) and its configuration: tenant separation, binding
-to the row, rotation, key loading that never echoes a key."""
+"""Envelope encryption (outbox.protection.envelopes) and its configuration: tenant
+separation, binding to the row, rotation, key loading that never echoes a key."""
 
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from dispatcher.config import load_config, protection_of
-from outbox import protect
 from outbox.errors import ConfigError
-from outbox.protect import (
+from outbox.protection import envelopes as protect
+from outbox.protection.envelopes import (
     ENVELOPE_KEY,
     EnvelopeError,
     KeyRing,

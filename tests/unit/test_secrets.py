@@ -1,4 +1,4 @@
-"""outbox.secrets: credentials are refused by key name and by value; benign data passes.
+"""outbox.protection.secrets: credentials are refused by key name and by value; benign data passes.
 
 Run with -s to see the recall / false-positive figures and the time per call.
 """
@@ -11,7 +11,12 @@ import time
 import pytest
 
 from outbox.errors import OutboxError, SecretInPayload
-from outbox.secrets import SecretFinding, check_no_secrets, find_secrets, find_secrets_many
+from outbox.protection.secrets import (
+    SecretFinding,
+    check_no_secrets,
+    find_secrets,
+    find_secrets_many,
+)
 
 from .secret_corpus import BENIGN_PAYLOADS, SECRET_CASES, SecretCase
 

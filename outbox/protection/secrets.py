@@ -3,10 +3,10 @@
 `find_secrets` walks a JSON-like payload (dicts, lists, tuples, scalars) and reports
 every place that looks like a credential, by JSON path and detector name, never by value.
 
-* Key names: a credential key whose value could carry one (see :mod:`outbox.secret_keys`).
+* Key names: a credential key whose value could carry one (see :mod:`.secret_keys`).
 * String values (and long keys): detect-secrets' regex plugins, our own patterns, then a
-  high-entropy check (see :mod:`outbox.secret_patterns`). All the strings of a payload, or
-  of a batch of payloads, are scanned together: each check runs once per batch.
+  high-entropy check (see :mod:`.secret_patterns`). All the strings of a payload, or of a
+  batch of payloads, are scanned together: each check runs once per batch.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from itertools import accumulate
 from typing import Any, TypeVar
 
 from outbox.errors import SecretInPayload
-from outbox.secret_keys import carries, key_kind
-from outbox.secret_patterns import DENSE_MIN, MIN_LEN, VALUE_CHECKS, Run
+from outbox.protection.secret_keys import carries, key_kind
+from outbox.protection.secret_patterns import DENSE_MIN, MIN_LEN, VALUE_CHECKS, Run
 
 _K = TypeVar("_K", bound=Hashable)
 
