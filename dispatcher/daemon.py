@@ -28,7 +28,7 @@ from sqlalchemy.engine import Engine
 
 from dispatcher.config import Config, protection_of
 from dispatcher.engine.authority import Authority, artifact_store
-from dispatcher.engine.recording import WorkerSettings
+from dispatcher.engine.settings import WorkerSettings
 from dispatcher.engine.worker import RECORD_LINGER_SECONDS, Worker
 from dispatcher.maintenance import gauges, replication
 from dispatcher.maintenance.lease_recovery import LeaseRecovery

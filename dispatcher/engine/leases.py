@@ -20,7 +20,8 @@ from collections.abc import Iterable
 
 from sqlalchemy.engine import Engine
 
-from dispatcher.engine.recording import InFlight, WorkerSettings
+from dispatcher.engine.recording import InFlight
+from dispatcher.engine.settings import WorkerSettings
 from dispatcher.store import queries as q
 
 log = logging.getLogger("outboxd.dispatch")

@@ -13,20 +13,17 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from dispatcher.engine import outcomes
+from dispatcher.engine.settings import WorkerSettings
 from dispatcher.observability import metrics
 from dispatcher.store import journal
 from dispatcher.store.transitions import Recorded, Transition
-from outbox.protection.envelopes import Protection, seal_receipt
+from outbox.protection.envelopes import seal_receipt
 from outbox.records import OperationRecord
 from outbox.states import OperationStatus
 from providers.base import Capabilities, Outcome, OutcomeKind, Provider, TransportPhase
 
 log = logging.getLogger("outboxd.dispatch")
 S = OperationStatus
-#: Share of the lease held back: a request leaves only within the first 90% of its lease.
-LEASE_SEND_GUARD = 0.1
-
-
 @dataclass
 class InFlight:
     op: OperationRecord
@@ -83,24 +80,6 @@ def _not_sent(error_class: str, why: str, **evidence: Any) -> Outcome:
         reason=f"not sent: {why}",
         evidence={"not_sent": True, **evidence},
     )
-
-
-@dataclass(frozen=True)
-class WorkerSettings:
-    worker_id: str
-    batch_size: int = 100
-    concurrency: int = 32
-    lease_seconds: float = 30.0
-    dedup_safety_margin: float = 0.1
-    max_payload_bytes: int = 262_144
-    protection: Protection | None = None
-    """Opens protected payloads before the send; seals receipts of protected providers."""
-
-    @property
-    def lease_send_seconds(self) -> float:
-        """How long after a lease is set or extended a request may still leave: the lease
-        less a tenth, so a send that checks just before its write still writes in time."""
-        return self.lease_seconds * (1.0 - LEASE_SEND_GUARD)
 
 
 def send_deadline(

@@ -24,7 +24,8 @@ from sqlalchemy.engine import Connection, Engine
 
 from dispatcher.engine import failpoints, leases, outcomes, recording
 from dispatcher.engine.checks import AuthorityCheck, NoAuthority, pre_dispatch, scan_stored
-from dispatcher.engine.recording import InFlight, WorkerSettings, decide, observe, recorded
+from dispatcher.engine.recording import InFlight, decide, observe, recorded
+from dispatcher.engine.settings import WorkerSettings
 from dispatcher.observability import metrics
 from dispatcher.store import journal
 from dispatcher.store import queries as q

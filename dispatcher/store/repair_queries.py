@@ -11,7 +11,6 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from dispatcher.store.queries import fetch_db_now
 from outbox import schema
 from outbox.records import OperationRecord, raw_operation_columns
 from outbox.states import OperationStatus
@@ -19,7 +18,7 @@ from outbox.types import db_now
 
 ops = schema.operations
 S = OperationStatus
-__all__ = ["fetch_db_now", "lease_expired", "lease_recover", "not_found_counts_after",
+__all__ = ["lease_expired", "lease_recover", "not_found_counts_after",
            "unknown_due", "unknown_look_again", "unknown_resolve"]
 
 

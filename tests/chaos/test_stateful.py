@@ -44,7 +44,7 @@ from hypothesis.stateful import (
     rule,
 )
 
-from dispatcher.engine.recording import WorkerSettings
+from dispatcher.engine.settings import WorkerSettings
 from dispatcher.engine.worker import Worker
 from dispatcher.maintenance.lease_recovery import LeaseRecovery
 from dispatcher.maintenance.reconcile import Reconciler
