@@ -3,8 +3,8 @@
 An expired lease in ``claimed`` means the row was never sent: back to ``pending``. An
 expired lease in ``dispatching`` means it may have been sent: ``unknown``, never
 ``pending`` — reconciliation decides. Also applies task cancellations made with plain
-SQL. On PostgreSQL the job takes a transaction-level advisory lock so one replica of the
-cluster runs it at a time; the statements are conditional anyway.
+SQL. One replica of the cluster runs it at a time (:mod:`.cluster_lock`); the statements
+are conditional anyway.
 """
 
 from __future__ import annotations
@@ -12,9 +12,10 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
+from dispatcher.maintenance import cluster_lock
+from dispatcher.maintenance.cluster_lock import ClusterLock
 from dispatcher.observability import metrics
 from dispatcher.store import journal
 from dispatcher.store import repair_queries as q
@@ -22,7 +23,6 @@ from outbox.api import sweep_cancelled
 from outbox.states import OperationStatus
 
 log = logging.getLogger("outboxd.recovery")
-ADVISORY_KEY = 0x6F7574626F780001  # "outbox" + 1
 DEFAULT_LIMIT = 1000
 
 
@@ -41,12 +41,8 @@ class LeaseRecovery:
 
     def run_once(self) -> RecoveryCounts:
         with self.engine.begin() as conn:
-            if conn.dialect.name == "postgresql":
-                got = conn.execute(
-                    sa.select(sa.func.pg_try_advisory_xact_lock(ADVISORY_KEY))
-                ).scalar()
-                if not got:
-                    return RecoveryCounts()
+            if not cluster_lock.take(conn, ClusterLock.LEASE_RECOVERY):
+                return RecoveryCounts()
             expired = q.lease_expired(conn, limit=self.limit)
             moved = q.lease_recover(conn, expired) if expired else []
             events, attempts = [], []

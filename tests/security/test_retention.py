@@ -15,7 +15,8 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from dispatcher.config import RetentionConfig
-from dispatcher.maintenance.retention import ADVISORY_KEY, RetentionJob
+from dispatcher.maintenance.cluster_lock import ClusterLock
+from dispatcher.maintenance.retention import RetentionJob
 from outbox import api, db, errors
 from outbox.db import mapped_errors
 from outbox.retention import ErasureRefused, erase_tenant, purge, retention_path
@@ -235,7 +236,7 @@ def test_the_retention_role_purges_once_per_cluster(secure_db: SecureDb) -> None
         job = RetentionJob(retention, RetentionConfig(**{**vars(PERIODS), "enabled": True}))
         with owner.connect() as holder:  # another replica is purging
             holder.begin()
-            holder.execute(sa.select(sa.func.pg_advisory_xact_lock(ADVISORY_KEY)))
+            holder.execute(sa.select(sa.func.pg_advisory_xact_lock(int(ClusterLock.RETENTION))))
             assert job.run_once(now=later) is None
             holder.rollback()
         counts = job.run_once(now=later)
