@@ -35,7 +35,7 @@ from outbox import errors, schema
 from outbox.db import connection_of
 from outbox.digest import payload_digest
 from outbox.records import OperationRecord
-from outbox.states import TERMINAL, OperationStatus
+from outbox.states import TERMINAL, OperationStatus, checked_move
 from outbox.types import db_now
 
 APPROVAL_MISSING = "approval_missing"
@@ -237,7 +237,8 @@ def _requeue(conn: Connection, op: OperationRecord, actor: str) -> bool:
         sa.update(ops_t)
         .where(ops_t.c.id == op.id, ops_t.c.state_revision == op.state_revision,
                ops_t.c.status == OperationStatus.BLOCKED.value)
-        .values(status=OperationStatus.PENDING.value, status_reason=None, next_attempt_at=None,
+        .values(status=checked_move(OperationStatus.BLOCKED, OperationStatus.PENDING),
+                status_reason=None, next_attempt_at=None,
                 state_revision=ops_t.c.state_revision + 1, updated_at=db_now())
     ).rowcount
     if moved:

@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session
 
 from outbox import schema
 from outbox.db import connection_of, insert_for
-from outbox.states import MAYBE_APPLIED, NON_TERMINAL, OperationStatus
+from outbox.states import MAYBE_APPLIED, NON_TERMINAL, OperationStatus, checked_move
 from outbox.tenancy import set_tenant
 from outbox.types import db_now
 
@@ -90,7 +90,7 @@ def sweep_cancelled(
         sa.update(ops_t)
         .where(match, ops_t.c.status == OperationStatus.PENDING.value, maybe_applied)
         .values(
-            status=OperationStatus.UNKNOWN.value,
+            status=checked_move(OperationStatus.PENDING, OperationStatus.UNKNOWN),
             status_reason="cancel_too_late",
             state_revision=ops_t.c.state_revision + 1,
             updated_at=db_now(),
@@ -105,7 +105,8 @@ def sweep_cancelled(
             sa.or_(ops_t.c.last_outcome.is_(None), ~maybe_applied),
         )
         .values(
-            status=OperationStatus.CANCELLED.value,
+            status=checked_move((OperationStatus.PENDING, OperationStatus.BLOCKED),
+                         OperationStatus.CANCELLED),
             status_reason="task_cancelled",
             state_revision=ops_t.c.state_revision + 1,
             updated_at=db_now(),

@@ -41,7 +41,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from outbox import errors, schema
 from outbox.digest import payload_digest
-from outbox.states import TERMINAL, OperationStatus
+from outbox.states import TERMINAL, OperationStatus, checked_move
 from outbox.types import db_now
 
 ops, tasks, events = schema.operations, schema.tasks, schema.events
@@ -174,7 +174,8 @@ def _block(conn: Connection, where: Any, reason: str, actor: str, limit: int) ->
         sa.update(ops)
         .where(sa.tuple_(ops.c.id, ops.c.state_revision).in_(
             [(r.id, r.state_revision) for r in found]), ops.c.status.in_(_RESUMABLE))
-        .values(status=OperationStatus.BLOCKED.value, status_reason=reason,
+        .values(status=checked_move((OperationStatus.PENDING, OperationStatus.BLOCKED),
+                                    OperationStatus.BLOCKED), status_reason=reason,
                 state_revision=ops.c.state_revision + 1, updated_at=db_now())
         .returning(ops.c.id)
     ).scalars())

@@ -2,7 +2,8 @@
 
 The database mirrors :class:`OperationStatus` with a CHECK constraint on
 ``outbox_operations.status`` (see :mod:`outbox.schema`). Every move between states in
-the code goes through :func:`check_transition`; the table below is also what
+the code goes through :func:`check_transition` (a statement's written value through
+:func:`checked_move`, which calls it); the table below is also what
 ``docs/state-machine.md`` draws.
 
 Who moves a row *out* of each state:
@@ -92,6 +93,19 @@ def check_transition(
     table = OVERRIDES if override else TRANSITIONS
     if n not in table.get(o, frozenset()):
         raise IllegalTransition(from_status=o.value, to_status=n.value, override=override)
+
+
+def checked_move(
+    old: OperationStatus | str | tuple[OperationStatus, ...], new: OperationStatus | str
+) -> str:
+    """The value a statement writes to move ``old -> new`` (``old``: the status, or the
+    statuses, its WHERE clause admits), once each move is checked (:func:`check_transition`):
+    every write of a status goes through here or through :func:`check_transition`, so the
+    table above is the one place moves are allowed."""
+    for source in old if isinstance(old, tuple) else (old,):
+        if OperationStatus(source) != OperationStatus(new):  # a write that stays is no move
+            check_transition(source, new)
+    return OperationStatus(new).value
 
 
 def sql_check_constraint(column: str = "status") -> str:

@@ -22,7 +22,7 @@ from sqlalchemy.sql.type_api import TypeEngine
 
 from outbox import schema
 from outbox.records import OPERATION_FIELDS, raw_operation_columns
-from outbox.states import OperationStatus
+from outbox.states import OperationStatus, checked_move
 from outbox.types import db_now
 
 ops = schema.operations
@@ -134,7 +134,7 @@ def claim(eligible: Any) -> Any:
         sa.update(ops)
         .where(ops.c.id.in_(eligible.scalar_subquery()))
         .values(
-            status=S.CLAIMED.value,
+            status=checked_move(S.PENDING, S.CLAIMED),
             fencing_token=token,
             lease_owner=ACTOR,
             lease_expires_at=db_now(LEASE),
@@ -172,7 +172,7 @@ def mark_dispatching(where: Any) -> Any:
             where,
         )
         .values(
-            status=S.DISPATCHING.value,
+            status=checked_move(S.CLAIMED, S.DISPATCHING),
             attempts=ops.c.attempts + 1,
             first_dispatched_at=sa.func.coalesce(ops.c.first_dispatched_at, db_now()),
             last_attempt_started_at=db_now(),

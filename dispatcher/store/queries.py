@@ -24,7 +24,7 @@ from dispatcher.store import journal, pg_batch
 from dispatcher.store.transitions import Dispatching, Recorded, Transition
 from outbox import schema
 from outbox.records import OperationRecord, raw_operation_columns
-from outbox.states import NON_TERMINAL, OperationStatus
+from outbox.states import NON_TERMINAL, OperationStatus, checked_move
 from outbox.types import JSONType, db_now, is_due
 
 ops = schema.operations
@@ -136,7 +136,7 @@ def operation_claim_batch(
                 sa.update(ops)
                 .where(ops.c.id.in_(_eligible(limit).scalar_subquery()))
                 .values(
-                    status=S.CLAIMED.value,
+                    status=checked_move(S.PENDING, S.CLAIMED),
                     fencing_token=next_fencing_token(conn),
                     lease_owner=worker,
                     lease_expires_at=db_now(lease_seconds),
@@ -198,7 +198,7 @@ def operation_mark_dispatching(
         sa.update(ops)
         .where(_fenced(token, pairs, S.CLAIMED), _may_dispatch())
         .values(
-            status=S.DISPATCHING.value,
+            status=checked_move(S.CLAIMED, S.DISPATCHING),
             attempts=ops.c.attempts + 1,
             first_dispatched_at=sa.func.coalesce(ops.c.first_dispatched_at, db_now()),
             last_attempt_started_at=db_now(),
@@ -273,7 +273,7 @@ def operation_transition_many(
             {
                 "b_id": t.id,
                 "b_rev": t.state_revision,
-                "b_status": t.status.value,
+                "b_status": checked_move(expected, t.status),
                 "b_reason": t.status_reason,
                 "b_has_receipt": t.receipt is not None,
                 "b_receipt": t.receipt,
@@ -337,7 +337,7 @@ def operation_record_many(
         {
             "id": t.id,
             "rev": t.state_revision,
-            "status": t.status.value,
+            "status": checked_move(S.DISPATCHING, t.status),
             "reason": t.status_reason,
             "receipt": t.receipt,
             "outcome": t.last_outcome,

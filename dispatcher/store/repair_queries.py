@@ -13,7 +13,7 @@ from sqlalchemy.engine import Connection
 
 from outbox import schema
 from outbox.records import OperationRecord, raw_operation_columns
-from outbox.states import OperationStatus
+from outbox.states import OperationStatus, checked_move
 from outbox.types import db_now
 
 ops = schema.operations
@@ -57,7 +57,7 @@ def lease_recover(conn: Connection, rows: Sequence[OperationRecord]) -> list[Ope
         if not pairs:
             continue
         values: dict[str, Any] = {
-            "status": target.value,
+            "status": checked_move(status, target),
             "status_reason": reason,
             "lease_owner": None,
             "lease_expires_at": None,
@@ -110,7 +110,7 @@ def unknown_resolve(
     """Move an ``unknown`` row on from reconciliation evidence, conditional on the revision
     read (a concurrent reconciler or operator wins; this write then matches nothing)."""
     values: dict[str, Any] = {
-        "status": status.value,
+        "status": checked_move(S.UNKNOWN, status),
         "status_reason": reason,
         "state_revision": ops.c.state_revision + 1,
         "updated_at": db_now(),

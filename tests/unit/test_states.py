@@ -19,6 +19,7 @@ from outbox.states import (
     TRANSITIONS,
     OperationStatus,
     check_transition,
+    checked_move,
     sql_check_constraint,
 )
 
@@ -178,3 +179,13 @@ def test_state_machine_doc_draws_exactly_the_tables() -> None:
     assert dashed == {(a.value, b.value) for a, bs in OVERRIDES.items() for b in bs}
     for state in S:
         assert f"`{state.value}`" in text, state
+
+
+def test_a_statement_cannot_write_a_move_the_table_forbids() -> None:
+    assert checked_move(S.PENDING, S.CLAIMED) == "claimed"
+    assert checked_move(S.DISPATCHING, S.DISPATCHING) == "dispatching"  # staying is no move
+    assert checked_move((S.PENDING, S.BLOCKED), S.CANCELLED) == "cancelled"
+    with pytest.raises(errors.IllegalTransition):
+        checked_move(S.APPLIED, S.PENDING)
+    with pytest.raises(errors.IllegalTransition):  # every status the statement admits is checked
+        checked_move((S.PENDING, S.APPLIED), S.CANCELLED)
