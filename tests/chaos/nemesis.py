@@ -61,6 +61,7 @@ from outbox.api import StagedOperation, advance, cancel_task
 from tests.chaos.checker import Report, check, failpoint_hits, failpoint_log, rto_figures
 from tests.chaos.proxy import FaultProxy
 from tests.support.daemon import REPO_ROOT, DaemonProcess, http_provider, write_config
+from tests.support.moves_seen import forbidden_moves
 from tests.support.sim import SimProcess
 
 TENANT = "chaos"
@@ -681,6 +682,9 @@ class Runner:
             report = check(check_engine, stats, agent.log, self.fp_log,
                            budget=10, control=cfg.control, effect_log=self.sim.effects())
             report.figures.update(rto_figures(check_engine, self.kills))
+            forbidden = forbidden_moves(check_url)
+            report.figures["forbidden_moves"] = len(forbidden)
+            report.require(not forbidden, f"moves the transition table forbids: {forbidden}")
             report.figures["drained"] = drained
             report.figures["setup_seconds"] = round(self._t0 - started, 1)
             report.figures["fault_phase_seconds"] = round(fault_end - self._t0, 1)

@@ -189,3 +189,23 @@ def test_a_statement_cannot_write_a_move_the_table_forbids() -> None:
         checked_move(S.APPLIED, S.PENDING)
     with pytest.raises(errors.IllegalTransition):  # every status the statement admits is checked
         checked_move((S.PENDING, S.APPLIED), S.CANCELLED)
+
+
+def test_the_suite_wide_move_check_sees_a_forbidden_move(tmp_path: Path) -> None:
+    # every test database is checked this way before it goes (tests/conftest.py); this
+    # one is the suite's own, so the forbidden rows written here fail nothing else
+    from outbox import db, migrate
+    from tests.support.moves_seen import forbidden_moves
+
+    url = f"sqlite:///{tmp_path / 'moves.db'}"
+    engine = db.create_engine(url)
+    migrate.upgrade(engine)
+    rows = [("transition", "pending", "claimed"), ("transition", "applied", "pending"),
+            ("override", "rejected", "pending"), ("override", "verified", "pending")]
+    with engine.begin() as conn:
+        conn.execute(sa.insert(schema.events), [
+            {"tenant_id": "t", "kind": k, "from_status": a, "to_status": b, "actor": "test"}
+            for k, a, b in rows])
+    engine.dispose()
+    assert sorted(forbidden_moves(url)) == [("override", "verified", "pending"),
+                                            ("transition", "applied", "pending")]
