@@ -134,12 +134,15 @@ class Daemon:
         self._signals = StopSignals(on_signal).install()
 
     def _wait_for_database(self) -> bool:
-        """Check the schema, waiting with back-off while the database is unreachable (a
-        sidecar may start before its database). A schema that is not current is an error."""
+        """Check the schema and the replication (:meth:`_check_replication`), waiting with
+        back-off while the database is unreachable (a sidecar may start before its
+        database; a connection may drop between the two checks). A schema that is not
+        current, or replication that can lose commits, is an error."""
         backoff = 0.0
         while True:
             try:
                 migrate.check_current(self.engine, self.config.database.schema)
+                self._check_replication()
                 return True
             except sa.exc.DBAPIError as exc:
                 url = self.config.database.url
@@ -165,7 +168,6 @@ class Daemon:
             log.info("stopped before the database was reachable")
             return 0
         self._guarded("pooler check", self._check_for_a_pooler)
-        self._check_replication()
         m = self.config.metrics
         metrics.init_labels(self.providers)
         if m.enabled and not once:

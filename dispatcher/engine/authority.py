@@ -91,6 +91,8 @@ class Authority:
         self.workflow_versions = dict(workflow_versions or {})
         self.policies = dict(policies or {})
         self._chosen: dict[int, int] = {}  # operation row id -> approval id, per check
+        # the task rows needs_lock read (no lock) for the check that follows it
+        self._read: dict[tuple[str, str], Mapping[str, Any]] | None = None
 
     @classmethod
     def from_config(cls, config: Config) -> Authority:
@@ -105,13 +107,27 @@ class Authority:
         return cls(workflow_versions=versions, policies=policies)
 
     # -- the check ---------------------------------------------------------------------
+    def needs_lock(self, conn: Connection, rows: Sequence[OperationRecord]) -> bool:
+        """Whether checking ``rows`` takes locks that must hold until their mark commits:
+        an approval to consume, or a task budget to count. If not, the task rows read here
+        (without a lock) serve the :meth:`check` that follows."""
+        self._read = None
+        if any(r.requires_approval for r in rows):
+            return True
+        tasks = self._tasks(conn, rows, lock=False)
+        if any(_budgeted(t) for t in tasks.values()):
+            return True
+        self._read = tasks
+        return False
+
     def check(
         self, conn: Connection, rows: Sequence[OperationRecord], now: datetime
     ) -> Mapping[int, str]:
         self._chosen = {}
+        read, self._read = self._read, None
         if not rows:
             return {}
-        tasks = self._tasks(conn, rows)
+        tasks = read if read is not None else self._tasks(conn, rows)
         approvals = self._approvals(conn, [r for r in rows if r.requires_approval])
         spent = self._task_spending(conn, tasks)
         refused: dict[int, str] = {}
@@ -187,7 +203,7 @@ class Authority:
 
     # -- queries -----------------------------------------------------------------------
     def _tasks(
-        self, conn: Connection, rows: Sequence[OperationRecord]
+        self, conn: Connection, rows: Sequence[OperationRecord], *, lock: bool = True
     ) -> dict[tuple[str, str], Mapping[str, Any]]:
         pairs = sorted({(r.tenant_id, r.task_id) for r in rows})
         query = (
@@ -200,9 +216,8 @@ class Authority:
         found: dict[tuple[str, str], Mapping[str, Any]] = {
             (t["tenant_id"], t["task_id"]): dict(t) for t in conn.execute(query).mappings()
         }
-        budgeted = [t["id"] for t in found.values()
-                    if t["max_attempts"] is not None or t["max_elapsed_seconds"] is not None]
-        if budgeted and conn.dialect.name == "postgresql":
+        budgeted = [t["id"] for t in found.values() if _budgeted(t)]
+        if lock and budgeted and conn.dialect.name == "postgresql":
             conn.execute(sa.select(tasks_t.c.id).where(tasks_t.c.id.in_(budgeted))
                          .order_by(tasks_t.c.id).with_for_update())
         return found
@@ -212,8 +227,7 @@ class Authority:
     ) -> dict[tuple[str, str], list[Any]]:
         """Per budgeted task: [attempts so far, first dispatch], read after the lock."""
         spent: dict[tuple[str, str], list[Any]] = defaultdict(lambda: [0, None])
-        pairs = [k for k, t in tasks.items()
-                 if t["max_attempts"] is not None or t["max_elapsed_seconds"] is not None]
+        pairs = [k for k, t in tasks.items() if _budgeted(t)]
         if not pairs:
             return spent
         rows = conn.execute(
@@ -267,3 +281,7 @@ class Authority:
         ]
         if events:
             conn.execute(sa.insert(schema.events), events)
+
+
+def _budgeted(task: Mapping[str, Any]) -> bool:
+    return task["max_attempts"] is not None or task["max_elapsed_seconds"] is not None

@@ -54,6 +54,11 @@ class Refusal(str):
 
 
 class AuthorityCheck(Protocol):
+    def needs_lock(self, conn: Connection, rows: Sequence[OperationRecord]) -> bool:
+        """Whether checking ``rows`` takes locks that must hold until the mark commits
+        (then the checks, the mark and :meth:`consume` share one transaction)."""
+        ...
+
     def check(
         self, conn: Connection, rows: Sequence[OperationRecord], now: datetime
     ) -> Mapping[int, str]:
@@ -70,6 +75,9 @@ class AuthorityCheck(Protocol):
 
 class NoAuthority:
     """No approvals or other authority rules configured."""
+
+    def needs_lock(self, conn: Connection, rows: Sequence[OperationRecord]) -> bool:
+        return False
 
     def check(
         self, conn: Connection, rows: Sequence[OperationRecord], now: datetime

@@ -14,10 +14,11 @@ import queue
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager
 from dataclasses import replace
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy.engine import Connection, Engine
@@ -89,6 +90,7 @@ class Worker:
             return 0
         limit = min(self.s.batch_size, free)
         t0 = time.perf_counter()
+        sent_at = time.monotonic()
         with self._transaction() as conn:
             token, rows = q.operation_claim_batch(
                 conn, worker=self.s.worker_id, limit=limit, lease_seconds=self.s.lease_seconds
@@ -97,26 +99,56 @@ class Worker:
         if not rows:
             return 0
         failpoints.hit("after_claim_commit")
-        sends = self._commit_dispatching(token, rows)
+        # the database clock from here on, without a round trip: the claim statement's time
+        # (every claimed row's updated_at) plus the time since the claim was sent, which is
+        # never less than the true database time (a deadline or a window ends no later)
+        claimed_at = max(r.updated_at for r in rows)
+        sends = self._commit_dispatching(
+            token, rows, lambda: claimed_at + timedelta(seconds=time.monotonic() - sent_at)
+        )
         failpoints.hit("after_dispatching_commit")
         for item in sends:
             self._inflight[item.op.id] = item
             self._pool.submit(self._send, item)
         return len(rows)
 
-    def _commit_dispatching(self, token: int, rows: list[OperationRecord]) -> list[InFlight]:
+    def _dispatching_connection(
+        self, rows: list[OperationRecord]
+    ) -> AbstractContextManager[Connection]:
+        """Where the dispatching step runs. One transaction where the checks take locks that
+        must hold until the mark commits (an approval to consume, a task budget to count)
+        and on SQLite (one writer); otherwise, on PostgreSQL, each statement on its own
+        (autocommit): the reads and the mark — a single statement with its events — then
+        cost no BEGIN and COMMIT round trips."""
+        if self._one_statement is self.engine:
+            return self.engine.begin()
+        conn = self._one_statement.connect()
+        try:
+            locking = self.authority.needs_lock(conn, rows)
+        except BaseException:
+            conn.close()
+            raise
+        if locking:
+            conn.close()
+            return self.engine.begin()
+        return conn
+
+    def _commit_dispatching(
+        self, token: int, rows: list[OperationRecord], db_clock: Callable[[], datetime]
+    ) -> list[InFlight]:
         refused: list[Transition] = []
-        events: list[dict[str, Any]] = []
+        details: dict[int, Mapping[str, Any]] = {}
         by_id = {r.id: r for r in rows}
         # read before the statement that sets the lease: the lease on the database clock
         # cannot end before this reading + lease_seconds
         lease_until = time.monotonic() + self.s.lease_send_seconds
-        with self.engine.begin() as conn:
-            now = q.fetch_db_now(conn)
+        moved: set[int] = set()
+        with self._dispatching_connection(rows) as conn:
+            atomic = conn.get_execution_options().get("isolation_level") != "AUTOCOMMIT"
+            now = db_clock()
             passing: list[OperationRecord] = []
             digests: dict[int, str | None] = {}
             payloads: dict[int, Mapping[str, Any] | None] = {}
-            details: dict[int, Mapping[str, Any]] = {}
             scans = scan_stored(rows)
             for op in rows:
                 v = pre_dispatch(
@@ -184,22 +216,8 @@ class Worker:
                         op.id, op.state_revision, S.UNKNOWN if blind else late_status, reason
                     )
                 )
-            moved = q.operation_transition_many(
-                conn, token=token, expected=S.CLAIMED, items=refused
-            )
-            for t in refused:
-                if t.id in moved:
-                    events.append(
-                        journal.event(
-                            by_id[t.id],
-                            from_status="claimed",
-                            to_status=t.status.value,
-                            reason=t.status_reason,
-                            actor=self.s.worker_id,
-                            fencing_token=token,
-                            detail=details.get(t.id),
-                        )
-                    )
+            if atomic:
+                moved = self._write_refusals(conn, token, refused, by_id, details)
             sends = []
             for m in marked:
                 op = by_id[m.id]
@@ -221,7 +239,9 @@ class Worker:
                     )
                 )
             self.authority.consume(conn, [by_id[m.id] for m in marked], token)
-            journal.write(conn, events)
+        if not atomic and refused:  # each move with its event, in a transaction of its own
+            with self.engine.begin() as conn:
+                moved = self._write_refusals(conn, token, refused, by_id, details)
         lost = len(rows) - len(marked) - len(moved)
         if lost:
             metrics.FENCING_REJECTIONS.inc(lost)
@@ -238,6 +258,35 @@ class Worker:
                     },
                 )
         return sends
+
+    def _write_refusals(
+        self,
+        conn: Connection,
+        token: int,
+        refused: list[Transition],
+        by_id: Mapping[int, OperationRecord],
+        details: Mapping[int, Mapping[str, Any]],
+    ) -> set[int]:
+        """``claimed ->`` each refused row's status (fenced), with its event. Returns the
+        ids moved."""
+        moved = q.operation_transition_many(conn, token=token, expected=S.CLAIMED, items=refused)
+        journal.write(
+            conn,
+            [
+                journal.event(
+                    by_id[t.id],
+                    from_status="claimed",
+                    to_status=t.status.value,
+                    reason=t.status_reason,
+                    actor=self.s.worker_id,
+                    fencing_token=token,
+                    detail=details.get(t.id),
+                )
+                for t in refused
+                if t.id in moved
+            ],
+        )
+        return moved
 
     def _send(self, item: InFlight) -> None:
         provider = self.providers[item.op.provider]

@@ -9,7 +9,10 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
+from dispatcher.engine.authority import Authority
+from dispatcher.store.queries import operation_claim_batch as claim_batch
 from outbox.api import cancel_task
+from outbox.records import OperationRecord
 from tests.authority import (
     TENANT,
     config,
@@ -124,5 +127,32 @@ def test_task_budget_survives_a_restart(sqlite_url: str, tmp_path: Path) -> None
                 wait_until(lambda: reason_of(engine, "flaky")[0] == "blocked", timeout=20)
             assert reason_of(engine, "flaky") == ("blocked", "budget_exhausted")
             assert sim.stats()["requests"] == 3 and operation(engine, "flaky")["attempts"] == 3
+    finally:
+        engine.dispose()
+
+
+def test_only_approvals_and_task_budgets_make_the_dispatching_step_lock(db_url: str) -> None:
+    """Checking a batch takes locks that must hold until its mark commits only for an
+    approval to consume or a task budget to count; any other batch is checked and marked
+    statement by statement (on PostgreSQL, without BEGIN and COMMIT round trips)."""
+    engine = engine_for(db_url)
+    try:
+        stage_task(engine, "plain", {"p1": {}, "p2": {}})
+        stage_task(engine, "budget", {"b1": {}})
+        _sql(engine, "UPDATE outbox_tasks SET max_attempts = 3 WHERE task_id = 'budget'")
+        stage_task(engine, "approval", {"a1": {"requires_approval": True}})
+        with engine.begin() as conn:
+            _, claimed = claim_batch(conn, worker="w", limit=10, lease_seconds=30)
+        by_task: dict[str, list[OperationRecord]] = {}
+        for op in claimed:
+            by_task.setdefault(op.task_id, []).append(op)
+        authority = Authority()
+        now = db_now(engine)
+        with engine.connect() as conn:
+            assert not authority.needs_lock(conn, by_task["plain"])
+            assert authority.check(conn, by_task["plain"], now) == {}
+            assert authority.needs_lock(conn, by_task["budget"])
+            assert authority.needs_lock(conn, by_task["approval"])
+            assert authority.needs_lock(conn, by_task["plain"] + by_task["budget"])
     finally:
         engine.dispose()

@@ -46,5 +46,6 @@ def test_pooler_run_drains_through_pgbouncer(
     monkeypatch.setattr(harness, "ADMIN_DSN", pg_admin_dsn)
     figures = pooler_run.pooled_vs_direct(1, 300, replicas=1)
     assert figures is not None, "pgbouncer is not installed (.ci/run installs it)"
-    direct, pooled = figures
+    direct, pooled, ratio = figures
     assert direct.median > 0 and pooled.median > 0
+    assert ratio.samples == [pooled.samples[0] / direct.samples[0]]
