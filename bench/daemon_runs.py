@@ -176,14 +176,15 @@ def drain_for(
 
 def claim_latency_ms(dsn: str, *, batch: int = 100, samples: int = 20) -> float:
     """Median time of one claim statement (rolled back, so the backlog is unchanged)."""
-    from dispatcher.store import queries as q
+    from dispatcher.store.postgres import PostgresStore
+
     engine = db.create_engine(sa_url(dsn))
     times = []
     try:
         for _ in range(samples):
             with engine.connect() as conn:
                 t0 = time.perf_counter()
-                q.operation_claim_batch(conn, worker="bench", limit=batch, lease_seconds=30)
+                PostgresStore().claim(conn, worker="bench", limit=batch, lease_seconds=30)
                 times.append((time.perf_counter() - t0) * 1000)
                 conn.rollback()
     finally:
@@ -194,9 +195,9 @@ def claim_latency_ms(dsn: str, *, batch: int = 100, samples: int = 20) -> float:
 def explain_claim(dsn: str, *, batch: int = 100) -> str:
     from sqlalchemy.dialects import postgresql
 
-    from dispatcher.store import queries as q
+    from dispatcher.store.common import eligible, ops
 
-    stmt = q._eligible(batch).with_for_update(skip_locked=True, of=q.ops)
+    stmt = eligible(batch).with_for_update(skip_locked=True, of=ops)
     sql = str(stmt.compile(dialect=postgresql.dialect(), compile_kwargs={"literal_binds": True}))
     with psycopg.connect(dsn) as conn:
         rows = conn.execute("EXPLAIN (ANALYZE, BUFFERS) " + sql).fetchall()

@@ -28,7 +28,7 @@ from bench.daemon_runs import NULL_PROVIDER, drain_seconds, fill, prepare, write
 from bench.harness import REPO, Deadline, scratch_database
 
 PHASES = {  # label: (module, attribute path)
-    "claim statement": ("dispatcher.store.queries", "operation_claim_batch"),
+    "claim statement": ("dispatcher.store.postgres", "PostgresStore.claim"),
     "dispatching transaction": ("dispatcher.engine.worker", "Worker._commit_dispatching"),
     "record transaction": ("dispatcher.engine.worker", "Worker._record"),
 }

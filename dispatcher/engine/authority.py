@@ -17,7 +17,7 @@ any artifact and checked ``payload_schema``), on the database clock ``now``, in 
    → ``budget_exhausted``. Computed from the records, so a restart never resets it.
 
 Deadlines and cancellation are enforced by the ``dispatching`` statement itself
-(:func:`dispatcher.store.queries.operation_mark_dispatching`). On PostgreSQL the task rows with
+(:meth:`dispatcher.store.interface.Store.mark_dispatching`). On PostgreSQL the task rows with
 budgets and the approval rows are locked (``FOR UPDATE``) for the transaction, so two
 replicas cannot both spend a task's last attempt, and a revocation waits for (or wins
 against) a concurrent dispatch rather than racing it.

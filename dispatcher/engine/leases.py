@@ -22,7 +22,7 @@ from sqlalchemy.engine import Engine
 
 from dispatcher.engine.recording import InFlight
 from dispatcher.engine.settings import WorkerSettings
-from dispatcher.store import queries as q
+from dispatcher.store import store_for
 
 log = logging.getLogger("outboxd.dispatch")
 
@@ -39,9 +39,10 @@ def extend(engine: Engine, items: Iterable[InFlight], s: WorkerSettings) -> None
     if not groups:
         return
     extended: set[int] = set()
+    store = store_for(engine.dialect.name)
     with engine.begin() as conn:
         for token, group in groups.items():
-            extended |= q.lease_extend(
+            extended |= store.extend_leases(
                 conn,
                 token=token,
                 pairs=[(i.op.id, i.revision) for i in group],
@@ -62,7 +63,7 @@ def renew_before_send(engine: Engine, item: InFlight, s: WorkerSettings) -> bool
     now = time.monotonic()
     try:
         with engine.begin() as conn:
-            ours = bool(q.lease_extend(
+            ours = bool(store_for(engine.dialect.name).extend_leases(
                 conn, token=item.token, pairs=[(item.op.id, item.revision)],
                 lease_seconds=s.lease_seconds,
             ))

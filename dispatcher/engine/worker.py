@@ -28,8 +28,7 @@ from dispatcher.engine.checks import AuthorityCheck, NoAuthority, pre_dispatch, 
 from dispatcher.engine.recording import InFlight, decide, observe, recorded
 from dispatcher.engine.settings import WorkerSettings
 from dispatcher.observability import metrics
-from dispatcher.store import journal
-from dispatcher.store import queries as q
+from dispatcher.store import journal, store_for
 from dispatcher.store.transitions import Recorded, Transition
 from outbox.protection.artifacts import ArtifactStore
 from outbox.records import OperationRecord
@@ -54,6 +53,7 @@ class Worker:
         # PostgreSQL: the claim and the record are each ONE statement, so they run as their
         # own transaction (autocommit: no BEGIN/COMMIT round trips); SQLite's claim is
         # several statements under BEGIN IMMEDIATE.
+        self.store = store_for(engine.dialect.name)
         self._one_statement = (
             engine.execution_options(isolation_level="AUTOCOMMIT")
             if engine.dialect.name == "postgresql"
@@ -92,7 +92,7 @@ class Worker:
         t0 = time.perf_counter()
         sent_at = time.monotonic()
         with self._transaction() as conn:
-            token, rows = q.operation_claim_batch(
+            token, rows = self.store.claim(
                 conn, worker=self.s.worker_id, limit=limit, lease_seconds=self.s.lease_seconds
             )
         metrics.CLAIM_DURATION.observe(time.perf_counter() - t0)
@@ -198,7 +198,7 @@ class Worker:
                 )
             blocked_ids = {t.id for t in refused}
             passing = [op for op in passing if op.id not in blocked_ids]
-            marked = q.operation_mark_dispatching(
+            marked = self.store.mark_dispatching(
                 conn,
                 token=token,
                 pairs=[(op.id, op.state_revision) for op in passing],
@@ -206,7 +206,9 @@ class Worker:
                 actor=self.s.worker_id,
             )
             marked_ids = {m.id for m in marked}
-            late = q.refusal_reasons(conn, [op.id for op in passing if op.id not in marked_ids])
+            late = self.store.refusal_reasons(
+                conn, [op.id for op in passing if op.id not in marked_ids]
+            )
             for op_id, (late_status, reason) in late.items():
                 op = by_id[op_id]
                 # an earlier attempt may have landed: reconcile it before anything else
@@ -269,7 +271,9 @@ class Worker:
     ) -> set[int]:
         """``claimed ->`` each refused row's status (fenced), with its event. Returns the
         ids moved."""
-        moved = q.operation_transition_many(conn, token=token, expected=S.CLAIMED, items=refused)
+        moved = self.store.transition_many(
+            conn, token=token, expected=S.CLAIMED, items=refused
+        )
         journal.write(
             conn,
             [
@@ -402,7 +406,7 @@ class Worker:
             if self._one_statement is not self.engine:  # each write commits as it runs
                 failpoints.hit("before_receipt_commit")
             for token, group in by_token.items():
-                moved = q.operation_record_many(
+                moved = self.store.record_many(
                     conn, token=token, items=[r for _, _, r in group], actor=worker
                 )
                 moved_all |= moved

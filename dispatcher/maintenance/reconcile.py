@@ -25,9 +25,8 @@ from sqlalchemy.engine import Engine
 
 from dispatcher.engine import failpoints
 from dispatcher.observability import metrics
-from dispatcher.store import journal
+from dispatcher.store import journal, store_for
 from dispatcher.store import repair_queries as q
-from dispatcher.store.queries import fetch_db_now
 from outbox.protection.envelopes import Protection, seal_receipt
 from outbox.records import OperationRecord
 from outbox.states import OperationStatus
@@ -116,7 +115,7 @@ class Reconciler:
             self._resolve(row, S.BLOCKED, NEEDS_OPERATOR, counts, result=result.kind.value)
             return
         with self.engine.begin() as conn:
-            now = fetch_db_now(conn)
+            now = store_for(conn.dialect.name).db_now(conn)
             if result.kind == LookupKind.INDETERMINATE:
                 q.unknown_look_again(conn, row=row, delay_seconds=INDETERMINATE_RETRY_SECONDS)
                 counts.waiting += 1

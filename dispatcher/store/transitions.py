@@ -1,4 +1,4 @@
-"""The values the hot-path statements of :mod:`dispatcher.store.queries` take and return.
+"""The values the store's hot-path statements (:class:`.interface.Store`) take and return.
 
 A claimed batch moves ``claimed -> dispatching`` (:class:`Dispatching` comes back per row
 moved), then each finished send becomes a fenced :class:`Transition`, and the recording

@@ -10,7 +10,7 @@ import pytest
 import sqlalchemy as sa
 
 from dispatcher.engine.authority import Authority
-from dispatcher.store.queries import operation_claim_batch as claim_batch
+from dispatcher.store import store_for
 from outbox.api import cancel_task
 from outbox.records import OperationRecord
 from tests.authority import (
@@ -142,7 +142,8 @@ def test_only_approvals_and_task_budgets_make_the_dispatching_step_lock(db_url: 
         _sql(engine, "UPDATE outbox_tasks SET max_attempts = 3 WHERE task_id = 'budget'")
         stage_task(engine, "approval", {"a1": {"requires_approval": True}})
         with engine.begin() as conn:
-            _, claimed = claim_batch(conn, worker="w", limit=10, lease_seconds=30)
+            _, claimed = store_for(engine.dialect.name).claim(
+                conn, worker="w", limit=10, lease_seconds=30)
         by_task: dict[str, list[OperationRecord]] = {}
         for op in claimed:
             by_task.setdefault(op.task_id, []).append(op)

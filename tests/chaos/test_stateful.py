@@ -1,5 +1,7 @@
 """Stateful property tests: hypothesis drives the real claim / dispatch / record /
-recover / reconcile code on a real SQLite file, with an in-process receiver double.
+recover / reconcile code on a real database of each dialect (a SQLite file; a PostgreSQL
+database cloned from the migrated template per example), with an in-process receiver
+double.
 
 Nothing of ours is mocked: two real :class:`dispatcher.engine.worker.Worker` objects, the real
 :class:`dispatcher.maintenance.lease_recovery.LeaseRecovery` and
@@ -28,6 +30,8 @@ from __future__ import annotations
 import shutil
 import threading
 import time
+import uuid
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -60,6 +64,7 @@ from providers.base import (
     OutcomeKind,
     TransportPhase,
 )
+from tests.support.moves_seen import forbidden_moves
 
 TENANT = "t-sm"
 BUDGET = 6
@@ -125,18 +130,38 @@ class Receiver:
         pass
 
 
-@pytest.fixture(scope="module")
-def template_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("sm") / "template.db"
-    engine = db.create_engine(f"sqlite:///{path}")
+Fresh = Callable[[], tuple[str, Callable[[], None]]]
+"""A fresh migrated database per example: its URL and how to drop it."""
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def fresh_databases(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Fresh]:
+    if request.param == "postgres":
+        from tests.conftest import drop_pg_database, new_pg_database
+
+        admin: str = request.getfixturevalue("pg_admin_dsn")
+
+        def fresh_pg() -> tuple[str, Callable[[], None]]:
+            url = new_pg_database(admin)
+            return url, lambda: drop_pg_database(admin, url)
+
+        yield fresh_pg
+        return
+    template = tmp_path / "template.db"
+    engine = db.create_engine(f"sqlite:///{template}")
     migrate.upgrade(engine)
     engine.dispose()
-    return path
+
+    def fresh_sqlite() -> tuple[str, Callable[[], None]]:
+        path = tmp_path / f"sm-{uuid.uuid4().hex[:8]}.db"
+        shutil.copy(template, path)
+        return f"sqlite:///{path}", path.unlink
+
+    yield fresh_sqlite
 
 
 class DispatchMachine(RuleBasedStateMachine):
-    template: Path
-    workdir: Path
+    fresh: Fresh
 
     def __init__(self) -> None:
         super().__init__()
@@ -147,10 +172,8 @@ class DispatchMachine(RuleBasedStateMachine):
 
     @initialize()
     def setup(self) -> None:
-        DispatchMachine.counter = getattr(DispatchMachine, "counter", 0) + 1
-        path = self.workdir / f"sm-{DispatchMachine.counter}.db"
-        shutil.copy(self.template, path)
-        self.engine = db.create_engine(f"sqlite:///{path}")
+        self.url, self._drop = DispatchMachine.fresh()
+        self.engine = db.create_engine(self.url)
         self.receiver = Receiver()
         self.providers = {"double": self.receiver}
         self.workers = [self._worker(i) for i in range(2)]
@@ -167,6 +190,11 @@ class DispatchMachine(RuleBasedStateMachine):
             w.close()
         if hasattr(self, "engine"):
             self.engine.dispose()
+            try:
+                bad = forbidden_moves(self.url)
+                assert not bad, f"moves the transition table forbids: {bad}"
+            finally:
+                self._drop()
 
     # -- rules ---------------------------------------------------------------------------
     @rule(k=st.integers(1, 3))
@@ -313,9 +341,8 @@ class DispatchMachine(RuleBasedStateMachine):
 
 
 @pytest.mark.slow
-def test_dispatch_state_machine(template_db: Path, tmp_path: Path) -> None:
-    DispatchMachine.template = template_db
-    DispatchMachine.workdir = tmp_path
+def test_dispatch_state_machine(fresh_databases: Fresh) -> None:
+    DispatchMachine.fresh = fresh_databases
     run = DispatchMachine.TestCase
     run.settings = settings(
         max_examples=60, stateful_step_count=40, deadline=None,

@@ -236,10 +236,10 @@ def is_stopped(pid: int) -> bool:
 
 
 def db_now(engine: Engine) -> datetime:
-    from dispatcher.store.queries import fetch_db_now
+    from dispatcher.store import store_for
 
     with engine.connect() as conn:
-        return fetch_db_now(conn)
+        return store_for(engine.dialect.name).db_now(conn)
 
 
 def sim_bodies(sim: Any) -> dict[str, list[str]]:

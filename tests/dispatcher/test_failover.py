@@ -23,8 +23,7 @@ from dispatcher.config import load_config
 from dispatcher.daemon import Daemon
 from dispatcher.maintenance import replication
 from dispatcher.observability import metrics
-from dispatcher.store import queries
-from dispatcher.store.pg_batch import TIMELINE_SHIFT
+from dispatcher.store.postgres import TIMELINE_SHIFT, PostgresStore
 from outbox import migrate
 from outbox.errors import ConfigError
 from tests.dispatcher import config, drain_once, engine_for, key_of, stage
@@ -68,7 +67,7 @@ def test_tokens_never_go_backwards_across_a_promotion(
             # the standby stops receiving; the primary goes on handing out tokens
             standby.stop("fast")
             with engine.begin() as conn:
-                lost = [queries.next_fencing_token(conn) for _ in range(LOST)]
+                lost = [PostgresStore().fencing_token(conn) for _ in range(LOST)]
             assert lost == sorted(lost) and lost[0] > sent_before
             engine.dispose()
             primary.immediate_shutdown()
@@ -82,7 +81,7 @@ def test_tokens_never_go_backwards_across_a_promotion(
                         "SELECT count(*) FROM outbox_operations WHERE status = 'applied'"
                     )).scalar_one()) == 20
                 with promoted.begin() as conn:
-                    assert queries.next_fencing_token(conn) > max(lost)
+                    assert PostgresStore().fencing_token(conn) > max(lost)
                 stage(promoted, 20, prefix="after")
                 drain_once(config(tmp_path, standby.url(), sim))
                 with promoted.connect() as conn:

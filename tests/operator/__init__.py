@@ -23,7 +23,7 @@ from sqlalchemy.engine import Engine
 
 from dispatcher.maintenance.lease_recovery import LeaseRecovery
 from dispatcher.maintenance.reconcile import Reconciler
-from dispatcher.store import queries as q
+from dispatcher.store import store_for
 from outbox.api import StagedOperation, advance
 from providers.base import (
     Capabilities,
@@ -55,8 +55,8 @@ def stage(
 def claim(engine: Engine, *, lease: float) -> tuple[int, list[tuple[int, int]]]:
     """The dispatcher's claim statement: every eligible row -> ``claimed``."""
     with engine.begin() as conn:
-        token, rows = q.operation_claim_batch(conn, worker="test", limit=100,
-                                              lease_seconds=lease)
+        token, rows = store_for(engine.dialect.name).claim(
+            conn, worker="test", limit=100, lease_seconds=lease)
     return token, [(r.id, r.state_revision) for r in rows]
 
 
@@ -64,7 +64,7 @@ def make_dispatching(engine: Engine, *, lease: float = 60.0) -> None:
     """Claim and commit ``dispatching`` (what a worker does right before sending)."""
     token, pairs = claim(engine, lease=lease)
     with engine.begin() as conn:
-        q.operation_mark_dispatching(
+        store_for(engine.dialect.name).mark_dispatching(
             conn, token=token, pairs=pairs, lease_seconds=lease, actor="test"
         )
 

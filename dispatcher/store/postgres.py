@@ -1,12 +1,13 @@
-"""The PostgreSQL form of the three hot-path statements: each protocol step is ONE
-statement that moves a batch of rows and writes their ``outbox_events`` (and, for the
-record step, ``outbox_attempts``) rows with data-modifying CTEs over the rows it moved.
+"""The PostgreSQL store: each protocol step is ONE statement that moves a batch of rows
+and writes their ``outbox_events`` (and, for the record step, ``outbox_attempts``) rows
+with data-modifying CTEs over the rows it moved; claims take ``FOR UPDATE SKIP LOCKED`` so
+replicas never wait on each other; fencing tokens come from a sequence, above every token
+of an earlier timeline.
 
 Each statement is built once and bound with parameters; a batch's per-row values travel
 as one JSON parameter read back with ``jsonb_to_recordset``, so the statement text is the
 same whatever the batch size, SQLAlchemy compiles it once, and no row crosses the wire as
-a statement of its own. The portable forms (and SQLite's) are in :mod:`dispatcher.store.queries`,
-which calls these; the invariants are documented there.
+a statement of its own. The contract is :class:`dispatcher.store.interface.Store`.
 """
 
 from __future__ import annotations
@@ -18,21 +19,31 @@ from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql as pg
+from sqlalchemy.engine import Connection
 from sqlalchemy.sql.type_api import TypeEngine
 
+from dispatcher.store.common import (
+    DISPATCHING_RETURNS,
+    FENCED,
+    CommonStatements,
+    claim_values,
+    dispatching_values,
+    eligible,
+    may_dispatch,
+    status_literal,
+)
+from dispatcher.store.transitions import Dispatching, Recorded
 from outbox import schema
-from outbox.records import OPERATION_FIELDS, raw_operation_columns
+from outbox.records import OPERATION_FIELDS, OperationRecord, raw_operation_columns
 from outbox.states import OperationStatus, checked_move
 from outbox.types import db_now
 
 ops = schema.operations
-tasks = schema.tasks
 S = OperationStatus
 
 TOKEN = sa.bindparam("token", type_=sa.BigInteger())
 ACTOR = sa.bindparam("actor", type_=sa.Text())
 LEASE = sa.bindparam("lease", type_=sa.Float())
-FENCED = {"fenced": True}
 
 ATTEMPT_COLUMNS: tuple[tuple[str, TypeEngine[Any]], ...] = (
     ("tenant_id", sa.Text()),
@@ -61,14 +72,6 @@ RECORD_COLUMNS: tuple[tuple[str, TypeEngine[Any]], ...] = (
     ("detail", pg.JSONB()),
     *((f"a_{c}", t) for c, t in ATTEMPT_COLUMNS),
 )
-
-
-def status_literal(status: OperationStatus) -> Any:
-    """A status as an SQL literal, not a parameter. In a WHERE clause it lets PostgreSQL
-    keep one generic plan for a prepared hot-path statement: with the status as a
-    parameter the planner cannot match the partial indexes (``WHERE status = 'pending'``)
-    and re-plans on every execution."""
-    return sa.literal_column(f"'{status.value}'")
 
 
 def batch_json(rows: Sequence[dict[str, Any]]) -> str:
@@ -108,7 +111,7 @@ TIMELINE_SHIFT = 40
 """A PostgreSQL fencing token is ``timeline << 40 | nextval(outbox_fencing_seq)``."""
 
 
-def fencing_token() -> Any:
+def token_expression() -> Any:
     """A fresh fencing token on PostgreSQL, higher than any issued on an earlier timeline.
 
     A promoted standby starts a new timeline, and may lack the last values its old primary's
@@ -125,22 +128,15 @@ def fencing_token() -> Any:
 
 
 @functools.cache
-def claim(eligible: Any) -> Any:
-    """``pending -> claimed`` for the ids ``eligible`` selects (its LIMIT rendered), a
+def claim_statement(which: Any) -> Any:
+    """``pending -> claimed`` for the ids ``which`` selects (its LIMIT rendered), a
     fresh fencing token for the batch, and the events. Parameters: actor,
     lease. Returns the claimed rows (every column)."""
-    token = sa.select(fencing_token()).scalar_subquery()
+    token = sa.select(token_expression()).scalar_subquery()
     claimed = (
         sa.update(ops)
-        .where(ops.c.id.in_(eligible.scalar_subquery()))
-        .values(
-            status=checked_move(S.PENDING, S.CLAIMED),
-            fencing_token=token,
-            lease_owner=ACTOR,
-            lease_expires_at=db_now(LEASE),
-            state_revision=ops.c.state_revision + 1,
-            updated_at=db_now(),
-        )
+        .where(ops.c.id.in_(which.scalar_subquery()))
+        .values(**claim_values(token=token, actor=ACTOR, lease=LEASE))
         .returning(*(ops.c[name] for name in OPERATION_FIELDS))
         .cte("claimed")
     )
@@ -150,18 +146,12 @@ def claim(eligible: Any) -> Any:
 
 
 @functools.cache
-def mark_dispatching(where: Any) -> Any:
+def mark_statement(where: Any) -> Any:
     """``claimed -> dispatching`` for the (id, rev) pairs of parameter ``marking`` under
     ``token`` where ``where`` (deadlines, cancellation) holds, with the events. Parameters:
     marking, token, lease, actor. Returns id, revision, attempts, first and last start."""
     v = _rows_of("marking", [("id", sa.BigInteger()), ("rev", sa.BigInteger())])
-    returned = (
-        ops.c.id,
-        ops.c.state_revision,
-        ops.c.attempts,
-        ops.c.first_dispatched_at,
-        ops.c.last_attempt_started_at,
-    )
+    returned = DISPATCHING_RETURNS
     marked = (
         sa.update(ops)
         .where(
@@ -171,15 +161,7 @@ def mark_dispatching(where: Any) -> Any:
             ops.c.status == status_literal(S.CLAIMED),
             where,
         )
-        .values(
-            status=checked_move(S.CLAIMED, S.DISPATCHING),
-            attempts=ops.c.attempts + 1,
-            first_dispatched_at=sa.func.coalesce(ops.c.first_dispatched_at, db_now()),
-            last_attempt_started_at=db_now(),
-            lease_expires_at=db_now(LEASE),
-            state_revision=ops.c.state_revision + 1,
-            updated_at=db_now(),
-        )
+        .values(**dispatching_values(lease=LEASE))
         .returning(
             *returned, ops.c.tenant_id, ops.c.task_id, ops.c.operation_id, ops.c.fencing_token
         )
@@ -190,7 +172,7 @@ def mark_dispatching(where: Any) -> Any:
 
 
 @functools.cache
-def record(with_digest: bool) -> Any:
+def record_statement(with_digest: bool) -> Any:
     """``dispatching ->`` each row's next status (parameter ``rec``: one object per finished
     send, keys :data:`RECORD_COLUMNS`), fenced on ``token``; events for the rows moved;
     an attempt row for every send, its evidence marked ``fenced`` when the write matched
@@ -209,7 +191,7 @@ def record(with_digest: bool) -> Any:
         "state_revision": ops.c.state_revision + 1,
         "updated_at": db_now(),
     }
-    if with_digest:  # see queries.operation_transition_many: naming the column fires a trigger
+    if with_digest:  # naming the column fires a trigger: see CommonStatements.transition_many
         values["payload_digest"] = sa.func.coalesce(ops.c.payload_digest, rec.c.digest)
     moved = (
         sa.update(ops)
@@ -250,3 +232,76 @@ def record(with_digest: bool) -> Any:
         .cte("att")
     )
     return sa.select(moved.c.id).add_cte(events).add_cte(attempts)
+
+
+@functools.cache
+def _eligible(limit: int) -> sa.Select[Any]:
+    # the limit is rendered, not bound: with ``LIMIT $n`` the planner's generic plan
+    # guesses a tenth of the table and it re-plans on every execution instead
+    return eligible(sa.literal_column(str(int(limit)))).with_for_update(skip_locked=True, of=ops)
+
+
+class PostgresStore(CommonStatements):
+    dialect = "postgresql"
+
+    def fencing_token(self, conn: Connection) -> int:
+        return int(conn.execute(sa.select(token_expression())).scalar_one())
+
+    def claim(
+        self, conn: Connection, *, worker: str, limit: int, lease_seconds: float
+    ) -> tuple[int, list[OperationRecord]]:
+        rows = conn.execute(
+            claim_statement(_eligible(limit)), {"actor": worker, "lease": lease_seconds}
+        ).all()
+        records = sorted((OperationRecord.from_raw_values(r) for r in rows), key=lambda r: r.id)
+        return (int(records[0].fencing_token or 0) if records else 0), records
+
+    def mark_dispatching(
+        self,
+        conn: Connection,
+        *,
+        token: int,
+        pairs: Sequence[tuple[int, int]],
+        lease_seconds: float,
+        actor: str,
+    ) -> list[Dispatching]:
+        if not pairs:
+            return []
+        rows = conn.execute(
+            mark_statement(may_dispatch()),
+            {
+                "marking": batch_json([{"id": i, "rev": r} for i, r in pairs]),
+                "token": token,
+                "lease": lease_seconds,
+                "actor": actor,
+            },
+        ).all()
+        return [Dispatching(r[0], r[1], r[2], r[3], r[4]) for r in rows]
+
+    def record_many(
+        self, conn: Connection, *, token: int, items: Sequence[Recorded], actor: str
+    ) -> set[int]:
+        if not items:
+            return set()
+        rows = [
+            {
+                "id": t.id,
+                "rev": t.state_revision,
+                "status": checked_move(S.DISPATCHING, t.status),
+                "reason": t.status_reason,
+                "receipt": t.receipt,
+                "outcome": t.last_outcome,
+                "delay": t.delay_seconds,
+                "digest": t.payload_digest,
+                "detail": r.detail,
+                **{f"a_{c}": r.attempt[c] for c, _ in ATTEMPT_COLUMNS},
+            }
+            for r in items
+            for t in (r.transition,)
+        ]
+        with_digest = any(r.transition.payload_digest is not None for r in items)
+        result = conn.execute(
+            record_statement(with_digest),
+            {"rec": batch_json(rows), "token": token, "actor": actor},
+        )
+        return set(result.scalars())

@@ -1,0 +1,267 @@
+"""What both stores write the same way, once: the predicates (eligible, may dispatch,
+fenced), the SET clauses of the claim and of the dispatching mark, and the statements
+whose text is the same on both dialects (:class:`CommonStatements`)."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterable, Sequence
+from datetime import datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from dispatcher.store.transitions import Transition
+from outbox import schema
+from outbox.states import NON_TERMINAL, OperationStatus, checked_move
+from outbox.types import JSONType, db_now, is_due
+
+ops = schema.operations
+tasks = schema.tasks
+S = OperationStatus
+_NON_TERMINAL = sorted(s.value for s in NON_TERMINAL)
+FENCED = {"fenced": True}
+"""Merged into the evidence of an attempt whose write matched nothing."""
+
+
+def status_literal(status: OperationStatus) -> Any:
+    """A status as an SQL literal, not a parameter. In a WHERE clause it lets PostgreSQL
+    keep one generic plan for a prepared hot-path statement: with the status as a
+    parameter the planner cannot match the partial indexes (``WHERE status = 'pending'``)
+    and re-plans on every execution."""
+    return sa.literal_column(f"'{status.value}'")
+
+
+# -- predicates ------------------------------------------------------------------------
+def eligible(limit: int | Any) -> sa.Select[Any]:
+    """Pending rows that are due, whose task is not cancelled, and that are first in line
+    for their ordering key (no earlier non-terminal operation with the same key), oldest
+    first, at most ``limit``."""
+    earlier = ops.alias("earlier")
+    blocked_by_order = sa.exists().where(
+        earlier.c.ordering_key == ops.c.ordering_key,
+        earlier.c.id < ops.c.id,
+        earlier.c.status.in_([status_literal(S(v)) for v in _NON_TERMINAL]),
+    )
+    return (
+        sa.select(ops.c.id)
+        .where(
+            ops.c.status == status_literal(S.PENDING),
+            is_due(ops.c.next_attempt_at),
+            ~task_cancelled(),
+            sa.or_(ops.c.ordering_key.is_(None), ~blocked_by_order),
+        )
+        .order_by(ops.c.id)
+        .limit(limit)
+    )
+
+
+@functools.cache
+def may_dispatch() -> Any:
+    """Neither the row's own deadline nor its task's has passed on the database clock,
+    and its task is not cancelled."""
+    return sa.and_(
+        sa.or_(ops.c.deadline_at.is_(None), ops.c.deadline_at > db_now()),
+        ~task_deadline_passed(),
+        ~task_cancelled(),
+    )
+
+
+def task_deadline_passed() -> Any:
+    return sa.exists().where(
+        tasks.c.tenant_id == ops.c.tenant_id,
+        tasks.c.task_id == ops.c.task_id,
+        tasks.c.deadline_at.isnot(None),
+        tasks.c.deadline_at <= db_now(),
+    )
+
+
+def task_cancelled() -> Any:
+    return sa.exists().where(
+        tasks.c.tenant_id == ops.c.tenant_id,
+        tasks.c.task_id == ops.c.task_id,
+        tasks.c.cancelled_at.isnot(None),
+    )
+
+
+def fenced(token: int, pairs: Iterable[tuple[int, int]], status: OperationStatus) -> Any:
+    """The rows of ``pairs`` (id, revision) still in ``status`` under ``token``."""
+    return sa.and_(
+        sa.tuple_(ops.c.id, ops.c.state_revision).in_(list(pairs)),
+        ops.c.fencing_token == token,
+        ops.c.status == status.value,
+    )
+
+
+# -- SET clauses -----------------------------------------------------------------------
+def claim_values(*, token: Any, actor: Any, lease: Any) -> dict[str, Any]:
+    """``pending -> claimed`` under ``token``, leased to ``actor`` for ``lease`` seconds."""
+    return {
+        "status": checked_move(S.PENDING, S.CLAIMED),
+        "fencing_token": token,
+        "lease_owner": actor,
+        "lease_expires_at": db_now(lease),
+        "state_revision": ops.c.state_revision + 1,
+        "updated_at": db_now(),
+    }
+
+
+def dispatching_values(*, lease: Any) -> dict[str, Any]:
+    """``claimed -> dispatching``: the attempt counted, ``first_dispatched_at`` set once,
+    the lease renewed for ``lease`` seconds."""
+    return {
+        "status": checked_move(S.CLAIMED, S.DISPATCHING),
+        "attempts": ops.c.attempts + 1,
+        "first_dispatched_at": sa.func.coalesce(ops.c.first_dispatched_at, db_now()),
+        "last_attempt_started_at": db_now(),
+        "lease_expires_at": db_now(lease),
+        "state_revision": ops.c.state_revision + 1,
+        "updated_at": db_now(),
+    }
+
+
+DISPATCHING_RETURNS = (
+    ops.c.id,
+    ops.c.state_revision,
+    ops.c.attempts,
+    ops.c.first_dispatched_at,
+    ops.c.last_attempt_started_at,
+)
+"""What the dispatching mark returns per row (a :class:`.transitions.Dispatching`)."""
+
+
+# -- the statements that are the same on both dialects ---------------------------------
+class CommonStatements:
+    """The statements both stores run with the same text."""
+
+    def db_now(self, conn: Connection) -> datetime:
+        value = conn.execute(sa.select(db_now())).scalar_one()
+        assert isinstance(value, datetime)
+        return value
+
+    def transition_many(
+        self,
+        conn: Connection,
+        *,
+        token: int,
+        expected: OperationStatus,
+        items: Sequence[Transition],
+    ) -> set[int]:
+        """One executemany plus one read-back of which rows this batch actually moved
+        (the token is unique to the batch, so ``revision + 1`` in the new status under our
+        token can only be our write; an item whose revision was already stale is not read
+        back as moved by the row's own later revision)."""
+        if not items:
+            return set()
+        b = sa.bindparam
+        stmt = (
+            sa.update(ops)
+            .where(
+                ops.c.id == b("b_id"),
+                ops.c.state_revision == b("b_rev"),
+                ops.c.fencing_token == token,
+                ops.c.status == expected.value,
+            )
+            .values(
+                status=b("b_status"),
+                status_reason=b("b_reason"),
+                receipt=sa.case(
+                    (b("b_has_receipt", type_=sa.Boolean), b("b_receipt", type_=JSONType)),
+                    else_=ops.c.receipt,
+                ),
+                last_outcome=sa.func.coalesce(b("b_outcome", type_=sa.Text), ops.c.last_outcome),
+                next_attempt_at=sa.case(
+                    (sa.cast(b("b_delay"), sa.Float).is_(None), None),
+                    else_=db_now(sa.cast(b("b_delay"), sa.Float)),
+                ),
+                # the lease ends with the transition, except while a send is still in flight
+                lease_owner=sa.case(
+                    (b("b_status") == S.DISPATCHING.value, ops.c.lease_owner), else_=None
+                ),
+                lease_expires_at=sa.case(
+                    (b("b_status") == S.DISPATCHING.value, ops.c.lease_expires_at), else_=None
+                ),
+                state_revision=ops.c.state_revision + 1,
+                updated_at=db_now(),
+            )
+        )
+        if any(t.payload_digest is not None for t in items):
+            # fill the digest of plain-SQL rows once (the immutability trigger allows
+            # NULL -> value; naming the column makes it fire, so the common path leaves it out)
+            stmt = stmt.values(
+                payload_digest=sa.func.coalesce(ops.c.payload_digest, b("b_digest", type_=sa.Text))
+            )
+        conn.execute(
+            stmt,
+            [
+                {
+                    "b_id": t.id,
+                    "b_rev": t.state_revision,
+                    "b_status": checked_move(expected, t.status),
+                    "b_reason": t.status_reason,
+                    "b_has_receipt": t.receipt is not None,
+                    "b_receipt": t.receipt,
+                    "b_outcome": t.last_outcome,
+                    "b_delay": t.delay_seconds,
+                    "b_digest": t.payload_digest,
+                }
+                for t in items
+            ],
+        )
+        moved = conn.execute(
+            sa.select(ops.c.id).where(
+                sa.tuple_(ops.c.id, ops.c.state_revision, ops.c.status).in_(
+                    [(t.id, t.state_revision + 1, t.status.value) for t in items]
+                ),
+                ops.c.fencing_token == token,
+            )
+        ).scalars()
+        return set(moved)
+
+    def extend_leases(
+        self,
+        conn: Connection,
+        *,
+        token: int,
+        pairs: Sequence[tuple[int, int]],
+        lease_seconds: float,
+    ) -> set[int]:
+        if not pairs:
+            return set()
+        result = conn.execute(
+            sa.update(ops)
+            .where(fenced(token, pairs, S.DISPATCHING))
+            .values(lease_expires_at=db_now(lease_seconds))
+            .returning(ops.c.id)
+        )
+        return set(result.scalars())
+
+    def refusal_reasons(
+        self, conn: Connection, ids: Sequence[int]
+    ) -> dict[int, tuple[OperationStatus, str]]:
+        if not ids:
+            return {}
+        rows = conn.execute(
+            sa.select(
+                ops.c.id, tasks.c.cancelled_at, ops.c.deadline_at, tasks.c.deadline_at, db_now()
+            )
+            .select_from(
+                ops.outerjoin(
+                    tasks,
+                    sa.and_(
+                        tasks.c.tenant_id == ops.c.tenant_id, tasks.c.task_id == ops.c.task_id
+                    ),
+                )
+            )
+            .where(ops.c.id.in_(list(ids)), ops.c.status == S.CLAIMED.value)
+        ).all()
+        reasons: dict[int, tuple[OperationStatus, str]] = {}
+        for op_id, cancelled_at, op_deadline, task_deadline, now in rows:
+            if cancelled_at is not None:
+                reasons[op_id] = (S.CANCELLED, "task_cancelled")
+            elif (op_deadline is not None and op_deadline <= now) or (
+                task_deadline is not None and task_deadline <= now
+            ):
+                reasons[op_id] = (S.BLOCKED, "deadline_passed")
+        return reasons

@@ -1,0 +1,107 @@
+"""The store: every hot-path statement the dispatcher runs, as one typed interface.
+
+Two implementations, one per dialect, each in a module of its own:
+:class:`dispatcher.store.postgres.PostgresStore` (each protocol step is one statement that
+also writes its events, ``FOR UPDATE SKIP LOCKED`` claims, fencing tokens from a sequence)
+and :class:`dispatcher.store.sqlite.SQLiteStore` (the caller's ``BEGIN IMMEDIATE`` makes
+the dispatcher the one writer; events written beside each statement). What both write the
+same way — predicates, SET clauses, the statements whose text is the same on both — is in
+:mod:`dispatcher.store.common`, written once. ``tests/store`` runs one conformance suite
+against both.
+
+Fencing: one claim takes one fresh value of the fencing counter for the whole batch, so
+every later write of that batch is ``WHERE (id, state_revision) IN (...) AND
+fencing_token = :token AND status = :expected``. A write that matches no row is a fencing
+rejection: another worker (or lease recovery) moved the row on. Times are on the database
+clock (:class:`outbox.types.db_now`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Protocol
+
+from sqlalchemy.engine import Connection
+
+from dispatcher.store.transitions import Dispatching, Recorded, Transition
+from outbox.records import OperationRecord
+from outbox.states import OperationStatus
+
+
+class Store(Protocol):
+    dialect: str
+    """The SQLAlchemy dialect name the store's statements are written for."""
+
+    def fencing_token(self, conn: Connection) -> int:
+        """A fresh value of the monotonic fencing counter: higher than every value
+        handed out before, on PostgreSQL after a failover too."""
+        ...
+
+    def claim(
+        self, conn: Connection, *, worker: str, limit: int, lease_seconds: float
+    ) -> tuple[int, list[OperationRecord]]:
+        """``pending -> claimed`` for up to ``limit`` eligible rows (due, task not
+        cancelled, first in line for their ordering key), oldest first, with a lease on
+        the database clock, one fresh fencing token for the batch, and their events.
+        Returns ``(token, rows)``, rows by id; ``(0, [])`` when nothing is eligible."""
+        ...
+
+    def mark_dispatching(
+        self,
+        conn: Connection,
+        *,
+        token: int,
+        pairs: Sequence[tuple[int, int]],
+        lease_seconds: float,
+        actor: str,
+    ) -> list[Dispatching]:
+        """``claimed -> dispatching`` ("dispatch may have occurred") for the (id, revision)
+        pairs still claimed under ``token``, with their events: counts the attempt, sets
+        ``first_dispatched_at`` once, renews the lease. Rows whose own or task deadline has
+        passed on the database clock, or whose task was cancelled, are left claimed and
+        absent from the result (:meth:`refusal_reasons` says why)."""
+        ...
+
+    def transition_many(
+        self,
+        conn: Connection,
+        *,
+        token: int,
+        expected: OperationStatus,
+        items: Sequence[Transition],
+    ) -> set[int]:
+        """Move rows on from ``expected``, each fenced on (id, token, revision, status),
+        without events (the caller writes them). Returns the ids moved."""
+        ...
+
+    def record_many(
+        self, conn: Connection, *, token: int, items: Sequence[Recorded], actor: str
+    ) -> set[int]:
+        """Record finished sends: ``dispatching ->`` each row's next status (fenced), an
+        event per row moved, an attempt row per send (marked ``fenced`` when its write
+        matched nothing). Returns the ids moved."""
+        ...
+
+    def extend_leases(
+        self,
+        conn: Connection,
+        *,
+        token: int,
+        pairs: Sequence[tuple[int, int]],
+        lease_seconds: float,
+    ) -> set[int]:
+        """Renew the lease of rows still ``dispatching`` under ``token`` (not a
+        transition: the revision is unchanged). Returns the ids extended."""
+        ...
+
+    def refusal_reasons(
+        self, conn: Connection, ids: Sequence[int]
+    ) -> dict[int, tuple[OperationStatus, str]]:
+        """Why claimed rows were not marked: ``(cancelled, task_cancelled)`` or
+        ``(blocked, deadline_passed)``. Rows absent from the result lost their lease."""
+        ...
+
+    def db_now(self, conn: Connection) -> datetime:
+        """The database clock."""
+        ...

@@ -1,0 +1,118 @@
+"""The SQLite store: the caller's ``BEGIN IMMEDIATE`` makes the dispatcher the one writer
+(so a claim needs no row locks), fencing tokens come from a counter row in
+``outbox_meta``, and each step's ``outbox_events`` rows are written beside its statement,
+in the same transaction. The contract is :class:`dispatcher.store.interface.Store`."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from dispatcher.store import journal
+from dispatcher.store.common import (
+    DISPATCHING_RETURNS,
+    FENCED,
+    CommonStatements,
+    claim_values,
+    dispatching_values,
+    eligible,
+    fenced,
+    may_dispatch,
+)
+from dispatcher.store.transitions import Dispatching, Recorded
+from outbox import schema
+from outbox.records import OperationRecord, raw_operation_columns
+from outbox.states import OperationStatus
+
+ops = schema.operations
+S = OperationStatus
+
+
+class SQLiteStore(CommonStatements):
+    dialect = "sqlite"
+
+    def fencing_token(self, conn: Connection) -> int:
+        """A fresh value of the monotonic fencing counter (the ``fencing`` row)."""
+        meta = schema.meta
+        value = conn.execute(
+            sa.update(meta)
+            .where(meta.c.tenant_id == "*", meta.c.name == "fencing")
+            .values(value=sa.cast(sa.cast(meta.c.value, sa.Integer) + 1, sa.Text))
+            .returning(meta.c.value)
+        ).scalar_one()
+        return int(value)
+
+    def claim(
+        self, conn: Connection, *, worker: str, limit: int, lease_seconds: float
+    ) -> tuple[int, list[OperationRecord]]:
+        token = self.fencing_token(conn)
+        rows = conn.execute(
+            sa.update(ops)
+            .where(ops.c.id.in_(eligible(limit).scalar_subquery()))
+            .values(**claim_values(token=token, actor=worker, lease=lease_seconds))
+            .returning(*raw_operation_columns(ops, raw_times=True))
+        ).all()
+        records = sorted((OperationRecord.from_raw_values(r) for r in rows), key=lambda r: r.id)
+        if not records:
+            return 0, []
+        journal.transitions_from_rows(
+            conn, [r.id for r in records], from_status="pending", to_status="claimed", actor=worker
+        )
+        return token, records
+
+    def mark_dispatching(
+        self,
+        conn: Connection,
+        *,
+        token: int,
+        pairs: Sequence[tuple[int, int]],
+        lease_seconds: float,
+        actor: str,
+    ) -> list[Dispatching]:
+        if not pairs:
+            return []
+        rows = conn.execute(
+            sa.update(ops)
+            .where(fenced(token, pairs, S.CLAIMED), may_dispatch())
+            .values(**dispatching_values(lease=lease_seconds))
+            .returning(*DISPATCHING_RETURNS)
+        ).all()
+        journal.transitions_from_rows(
+            conn, [r[0] for r in rows], from_status="claimed", to_status="dispatching", actor=actor
+        )
+        return [Dispatching(r[0], r[1], r[2], r[3], r[4]) for r in rows]
+
+    def record_many(
+        self, conn: Connection, *, token: int, items: Sequence[Recorded], actor: str
+    ) -> set[int]:
+        """An executemany, then the events and attempt rows in two inserts."""
+        if not items:
+            return set()
+        moved = self.transition_many(
+            conn, token=token, expected=S.DISPATCHING, items=[r.transition for r in items]
+        )
+        journal.write(
+            conn,
+            [
+                journal.event(
+                    r.op,
+                    from_status=S.DISPATCHING.value,
+                    to_status=r.transition.status.value,
+                    reason=r.transition.status_reason,
+                    actor=actor,
+                    fencing_token=token,
+                    detail=r.detail,
+                )
+                for r in items
+                if r.op.id in moved
+            ],
+            [
+                r.attempt
+                if r.op.id in moved
+                else {**r.attempt, "evidence": {**(r.attempt["evidence"] or {}), **FENCED}}
+                for r in items
+            ],
+        )
+        return moved

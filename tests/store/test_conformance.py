@@ -1,0 +1,234 @@
+"""One conformance suite for both stores (the ``engine`` fixture is each dialect in turn):
+claims (eligibility, order, exclusivity, one fresh token per batch), the dispatching mark
+(fenced on token, revision and status; deadlines and cancellation on the database clock),
+recording (fenced, events and attempt rows), plain transitions, lease extension, the
+fencing counter and the database clock. Real databases; no daemon."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection, Engine
+
+from dispatcher.store import Store, journal, store_for
+from dispatcher.store.transitions import Recorded, Transition
+from outbox.api import cancel_task
+from outbox.records import OperationRecord
+from outbox.states import OperationStatus
+from tests.dispatcher import TENANT, events_of, operation, rows, stage
+
+S = OperationStatus
+LEASE = 30.0
+
+
+@pytest.fixture
+def store(engine: Engine) -> Store:
+    return store_for(engine.dialect.name)
+
+
+@contextmanager
+def tx(engine: Engine) -> Iterator[Connection]:
+    with engine.begin() as conn:
+        yield conn
+
+
+def claim(engine: Engine, store: Store, limit: int = 100,
+          worker: str = "w1") -> tuple[int, list[OperationRecord]]:
+    with tx(engine) as conn:
+        return store.claim(conn, worker=worker, limit=limit, lease_seconds=LEASE)
+
+
+def mark(engine: Engine, store: Store, token: int, ops: list[OperationRecord],
+         *, revision_offset: int = 0) -> list[int]:
+    with tx(engine) as conn:
+        marked = store.mark_dispatching(
+            conn, token=token, pairs=[(o.id, o.state_revision + revision_offset) for o in ops],
+            lease_seconds=LEASE, actor="w1")
+    return [m.id for m in marked]
+
+
+def sql(engine: Engine, text: str, **params: object) -> None:
+    with engine.begin() as conn:
+        conn.execute(sa.text(text), params)
+
+
+def moves(engine: Engine, operation_id: str) -> list[tuple[str | None, str | None, str | None]]:
+    return [(e["from_status"], e["to_status"], e["actor"]) for e in events_of(engine, operation_id)]
+
+
+def test_claim_takes_eligible_rows_oldest_first_under_one_fresh_token(
+    engine: Engine, store: Store
+) -> None:
+    ids = stage(engine, 5)
+    token, first = claim(engine, store, limit=3)
+    assert [o.operation_id for o in first] == ids[:3]
+    assert token > 0 and {o.fencing_token for o in first} == {token}
+    for o in first:
+        row = operation(engine, o.operation_id)
+        assert (row["status"], row["lease_owner"], row["fencing_token"]) == ("claimed", "w1", token)
+        assert row["lease_expires_at"] > row["updated_at"]
+        assert moves(engine, o.operation_id)[-1] == ("pending", "claimed", "w1")
+    token2, rest = claim(engine, store)
+    assert [o.operation_id for o in rest] == ids[3:] and token2 > token
+    assert claim(engine, store) == (0, [])
+
+
+def test_fencing_tokens_only_grow(engine: Engine, store: Store) -> None:
+    with tx(engine) as conn:
+        tokens = [store.fencing_token(conn) for _ in range(5)]
+    assert tokens == sorted(set(tokens))
+    stage(engine, 1)
+    token, _ = claim(engine, store)
+    assert token > tokens[-1]
+
+
+def test_claim_skips_rows_not_due_of_cancelled_tasks_and_behind_their_ordering_key(
+    engine: Engine, store: Store
+) -> None:
+    first, _second = stage(engine, 2, prefix="ordered", ordering_key="k")
+    (later,) = stage(engine, 1, prefix="later")
+    sql(engine, "UPDATE outbox_operations SET next_attempt_at = :t WHERE operation_id = :o",
+        t=datetime.now(UTC) + timedelta(hours=1), o=later)
+    stage(engine, 1, prefix="doomed", task="doomed-task")
+    # cancelled while its row is still pending (cancel_task would also move the row)
+    sql(engine, "UPDATE outbox_tasks SET cancelled_at = :t WHERE task_id = 'doomed-task'",
+        t=datetime.now(UTC))
+    _, claimed = claim(engine, store)
+    assert [o.operation_id for o in claimed] == [first]
+    assert claim(engine, store) == (0, [])  # the second waits for the first to end
+
+
+def test_two_claims_never_take_the_same_row(engine: Engine, store: Store) -> None:
+    """PostgreSQL: a claim in an open transaction skips the rows another holds (SKIP
+    LOCKED) without waiting for it; SQLite: claims are serial (one writer)."""
+    ids = stage(engine, 6)
+    if engine.dialect.name == "postgresql":
+        with engine.connect() as a:
+            _, first = store.claim(a, worker="a", limit=3, lease_seconds=LEASE)
+            result: list[OperationRecord] = []
+            other = threading.Thread(
+                target=lambda: result.extend(claim(engine, store, worker="b")[1]))
+            other.start()
+            other.join(timeout=10)
+            assert not other.is_alive(), "the second claim waited for the first"
+            a.commit()
+        second = result
+    else:
+        _, first = claim(engine, store, limit=3, worker="a")
+        _, second = claim(engine, store, worker="b")
+    assert sorted(o.operation_id for o in first + second) == ids
+    assert not {o.id for o in first} & {o.id for o in second}
+
+
+def test_the_mark_is_fenced_on_token_revision_and_status(engine: Engine, store: Store) -> None:
+    stage(engine, 2)
+    token, claimed = claim(engine, store)
+    assert mark(engine, store, token - 1, claimed) == []  # an older token: matches nothing
+    assert mark(engine, store, token, claimed, revision_offset=-1) == []  # a stale revision
+    assert mark(engine, store, token, claimed) == [o.id for o in claimed]
+    assert mark(engine, store, token, claimed) == []  # no longer claimed
+    for o in claimed:
+        row = operation(engine, o.operation_id)
+        assert (row["status"], row["attempts"]) == ("dispatching", 1)
+        assert row["state_revision"] == o.state_revision + 1
+        assert row["first_dispatched_at"] == row["last_attempt_started_at"]
+        assert moves(engine, o.operation_id)[-1] == ("claimed", "dispatching", "w1")
+
+
+def test_the_mark_leaves_passed_deadlines_and_cancelled_tasks_and_says_why(
+    engine: Engine, store: Store
+) -> None:
+    (late,) = stage(engine, 1, prefix="late")
+    (cancelled,) = stage(engine, 1, prefix="cancelled", task="cancelled-task")
+    (fine,) = stage(engine, 1, prefix="fine")
+    token, claimed = claim(engine, store)
+    sql(engine, "UPDATE outbox_operations SET deadline_at = :t WHERE operation_id = :o",
+        t=datetime.now(UTC) - timedelta(seconds=1), o=late)
+    with engine.begin() as conn:
+        cancel_task(conn, tenant_id=TENANT, task_id="cancelled-task", actor="test")
+    by_name = {o.operation_id: o for o in claimed}
+    assert mark(engine, store, token, claimed) == [by_name[fine].id]
+    with tx(engine) as conn:
+        reasons = store.refusal_reasons(conn, [by_name[late].id, by_name[cancelled].id])
+    assert reasons == {by_name[late].id: (S.BLOCKED, "deadline_passed"),
+                       by_name[cancelled].id: (S.CANCELLED, "task_cancelled")}
+
+
+def _recorded(op: OperationRecord, token: int, status: OperationStatus) -> Recorded:
+    now = datetime.now(UTC)
+    return Recorded(
+        op=op,
+        transition=Transition(op.id, op.state_revision + 1, status,
+                              receipt={"id": op.operation_id}, last_outcome="applied"),
+        detail=None,
+        attempt=journal.attempt(op, attempt_no=1, token=token, worker="w1",
+                                result_class="applied", started_at=now, finished_at=now,
+                                evidence={"status": 200}),
+    )
+
+
+def test_recording_is_fenced_and_writes_events_and_attempts(engine: Engine, store: Store) -> None:
+    stage(engine, 2)
+    token, claimed = claim(engine, store)
+    mark(engine, store, token, claimed)
+    mine, stale = claimed
+    with tx(engine) as conn:
+        moved = store.record_many(conn, token=token, items=[_recorded(mine, token, S.APPLIED)],
+                                  actor="w1")
+        fenced = store.record_many(conn, token=token - 1,
+                                   items=[_recorded(stale, token - 1, S.APPLIED)], actor="w1")
+    assert (moved, fenced) == ({mine.id}, set())
+    row = operation(engine, mine.operation_id)
+    assert (row["status"], row["receipt"], row["lease_owner"]) == (
+        "applied", {"id": mine.operation_id}, None)
+    assert moves(engine, mine.operation_id)[-1] == ("dispatching", "applied", "w1")
+    assert operation(engine, stale.operation_id)["status"] == "dispatching"
+    attempts = {a["operation_id"]: a for a in rows(engine, "SELECT * FROM outbox_attempts")}
+    assert attempts[mine.operation_id]["result_class"] == "applied"
+    evidence = attempts[stale.operation_id]["evidence"]
+    assert (evidence if isinstance(evidence, dict) else json.loads(evidence)) == {
+        "status": 200, "fenced": True}
+
+
+def test_plain_transitions_are_fenced(engine: Engine, store: Store) -> None:
+    stage(engine, 2)
+    token, (a, b) = claim(engine, store)
+    items = [Transition(a.id, a.state_revision, S.BLOCKED, "test"),
+             Transition(b.id, b.state_revision - 1, S.BLOCKED, "test")]
+    with tx(engine) as conn:
+        assert store.transition_many(conn, token=token, expected=S.CLAIMED, items=items) == {a.id}
+        assert store.transition_many(
+            conn, token=token + 1, expected=S.CLAIMED,
+            items=[Transition(b.id, b.state_revision, S.BLOCKED, "test")]) == set()
+    assert operation(engine, a.operation_id)["status_reason"] == "test"
+    assert operation(engine, b.operation_id)["status"] == "claimed"
+
+
+def test_leases_extend_only_under_their_token(engine: Engine, store: Store) -> None:
+    stage(engine, 1)
+    token, claimed = claim(engine, store)
+    mark(engine, store, token, claimed)
+    (op,) = claimed
+    pairs = [(op.id, op.state_revision + 1)]
+    before = operation(engine, op.operation_id)["lease_expires_at"]
+    with tx(engine) as conn:
+        assert store.extend_leases(conn, token=token - 1, pairs=pairs, lease_seconds=600) == set()
+        assert store.extend_leases(conn, token=token, pairs=pairs, lease_seconds=600) == {op.id}
+    after = operation(engine, op.operation_id)
+    assert after["lease_expires_at"] > before + timedelta(seconds=500)
+    assert after["state_revision"] == op.state_revision + 1  # not a transition
+
+
+def test_the_database_clock(engine: Engine, store: Store) -> None:
+    with tx(engine) as conn:
+        first = store.db_now(conn)
+    with tx(engine) as conn:
+        second = store.db_now(conn)
+    assert first.tzinfo is not None and first <= second
+    assert abs(second - datetime.now(UTC)) < timedelta(seconds=60)
