@@ -17,8 +17,7 @@ from sqlalchemy.engine import Engine
 from dispatcher.maintenance import cluster_lock
 from dispatcher.maintenance.cluster_lock import ClusterLock
 from dispatcher.observability import metrics
-from dispatcher.store import journal
-from dispatcher.store import repair_queries as q
+from dispatcher.store import journal, store_for
 from outbox.api import sweep_cancelled
 from outbox.states import OperationStatus
 
@@ -43,8 +42,9 @@ class LeaseRecovery:
         with self.engine.begin() as conn:
             if not cluster_lock.take(conn, ClusterLock.LEASE_RECOVERY):
                 return RecoveryCounts()
-            expired = q.lease_expired(conn, limit=self.limit)
-            moved = q.lease_recover(conn, expired) if expired else []
+            store = store_for(conn.dialect.name)
+            expired = store.expired_leases(conn, limit=self.limit)
+            moved = store.recover_leases(conn, expired) if expired else []
             events, attempts = [], []
             before = {r.id: r for r in expired}
             for row in moved:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy.engine import Engine
@@ -26,7 +27,6 @@ from sqlalchemy.engine import Engine
 from dispatcher.engine import failpoints
 from dispatcher.observability import metrics
 from dispatcher.store import journal, store_for
-from dispatcher.store import repair_queries as q
 from outbox.protection.envelopes import Protection, seal_receipt
 from outbox.records import OperationRecord
 from outbox.states import OperationStatus
@@ -67,7 +67,7 @@ class Reconciler:
     def run_once(self) -> ReconcileCounts:
         counts = ReconcileCounts()
         with self.engine.begin() as conn:
-            rows = q.unknown_due(conn, limit=self.limit)
+            rows = store_for(conn.dialect.name).unknown_due(conn, limit=self.limit)
         for row in rows:
             try:
                 self._one(row, counts)
@@ -115,9 +115,10 @@ class Reconciler:
             self._resolve(row, S.BLOCKED, NEEDS_OPERATOR, counts, result=result.kind.value)
             return
         with self.engine.begin() as conn:
-            now = store_for(conn.dialect.name).db_now(conn)
+            store = store_for(conn.dialect.name)
+            now = store.db_now(conn)
             if result.kind == LookupKind.INDETERMINATE:
-                q.unknown_look_again(conn, row=row, delay_seconds=INDETERMINATE_RETRY_SECONDS)
+                store.look_again(conn, row=row, delay_seconds=INDETERMINATE_RETRY_SECONDS)
                 counts.waiting += 1
                 return
             settle = (
@@ -125,9 +126,9 @@ class Reconciler:
                 if caps.lookup_consistency == LookupConsistency.EVENTUAL
                 else 0.0
             )
-            counts_after = q.not_found_counts_after(row, caps.in_flight_seconds, settle)
+            counts_after = not_found_counts_after(row, caps.in_flight_seconds, settle)
             if now < counts_after:
-                q.unknown_look_again(
+                store.look_again(
                     conn, row=row, delay_seconds=(counts_after - now).total_seconds() + 0.01
                 )
                 counts.waiting += 1
@@ -160,7 +161,7 @@ class Reconciler:
         delay_seconds: float | None = None,
     ) -> None:
         with self.engine.begin() as conn:
-            ok = q.unknown_resolve(
+            ok = store_for(conn.dialect.name).resolve_unknown(
                 conn,
                 row=row,
                 status=status,
@@ -209,3 +210,17 @@ def _receipt(result: LookupResult) -> dict[str, Any]:
         "lookup": dict(result.receipt) if result.receipt else None,
         "evidence": dict(result.evidence) if result.evidence else None,
     }
+
+
+def not_found_counts_after(row: OperationRecord, in_flight: float, settle: float) -> datetime:
+    """When a not-found look-up becomes evidence of "not applied" for this row.
+
+    No request of the row leaves once it has stopped being ``dispatching``: its sender
+    recorded the outcome after the request returned, or its lease passed first and a sender
+    never writes after its lease (``Worker._send``). So the last request left by the moment
+    the row became ``unknown`` (``updated_at``: a later look-up that finds nothing does not
+    move it) and landed, if at all, within ``in_flight_seconds`` of that. Counting from the
+    attempt's start alone would be wrong for a sender paused between its ``dispatching``
+    commit and its write: its request can leave long after the attempt started."""
+    start = row.last_attempt_started_at or row.first_dispatched_at or row.updated_at
+    return max(start, row.updated_at) + timedelta(seconds=in_flight + settle)

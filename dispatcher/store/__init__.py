@@ -2,8 +2,8 @@
 
 :mod:`.interface` (the :class:`~.interface.Store` every hot-path step goes through),
 :mod:`.postgres` and :mod:`.sqlite` (its two implementations), :mod:`.common` (the
-predicates, SET clauses and statements both write the same way), :mod:`.repair_queries`
-(what lease recovery, reconciliation and verification read and write), :mod:`.transitions`
+predicates, SET clauses and statements both write the same way, the repair paths' among
+them: lease recovery, reconciliation), :mod:`.transitions`
 (the records those statements take), and :mod:`.journal` (the append-only
 ``outbox_events`` rows written beside them). Uses only ``outbox``.
 """

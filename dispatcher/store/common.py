@@ -14,6 +14,7 @@ from sqlalchemy.engine import Connection
 
 from dispatcher.store.transitions import Transition
 from outbox import schema
+from outbox.records import OperationRecord, raw_operation_columns
 from outbox.states import NON_TERMINAL, OperationStatus, checked_move
 from outbox.types import JSONType, db_now, is_due
 
@@ -133,7 +134,14 @@ DISPATCHING_RETURNS = (
 
 # -- the statements that are the same on both dialects ---------------------------------
 class CommonStatements:
-    """The statements both stores run with the same text."""
+    """The statements both stores run with the same text (the repair paths' statements
+    are each conditional on the revision read, so a concurrent worker, reconciler or
+    operator wins and the losing write matches nothing)."""
+
+    raw_times: bool
+    """Times come back as text (SQLite) and are parsed per row."""
+    skip_locked: bool
+    """Reads that pick rows to move skip rows another transaction holds (PostgreSQL)."""
 
     def db_now(self, conn: Connection) -> datetime:
         value = conn.execute(sa.select(db_now())).scalar_one()
@@ -265,3 +273,116 @@ class CommonStatements:
             ):
                 reasons[op_id] = (S.BLOCKED, "deadline_passed")
         return reasons
+
+    # -- the repair paths: lease recovery and reconciliation of ``unknown`` rows ---------
+    def _columns(self) -> list[Any]:
+        """Every column, content read as text and decoded per row: one undecodable row
+        never fails a recovery or reconciliation pass (:mod:`outbox.decoding`)."""
+        return raw_operation_columns(ops, raw_times=self.raw_times)
+
+    def expired_leases(self, conn: Connection, *, limit: int) -> list[OperationRecord]:
+        q = (
+            sa.select(*self._columns())
+            .where(
+                ops.c.status.in_([S.CLAIMED.value, S.DISPATCHING.value]),
+                ops.c.lease_expires_at < db_now(),
+            )
+            .order_by(ops.c.lease_expires_at)
+            .limit(limit)
+        )
+        if self.skip_locked:
+            q = q.with_for_update(skip_locked=True)
+        return [OperationRecord.from_raw_values(r) for r in conn.execute(q).all()]
+
+    def recover_leases(
+        self, conn: Connection, rows: Sequence[OperationRecord]
+    ) -> list[OperationRecord]:
+        moved: list[OperationRecord] = []
+        for status, target, reason in (
+            (S.CLAIMED, S.PENDING, None),
+            (S.DISPATCHING, S.UNKNOWN, "lease_expired_while_dispatching"),
+        ):
+            pairs = [(r.id, r.state_revision) for r in rows if r.status == status]
+            if not pairs:
+                continue
+            values: dict[str, Any] = {
+                "status": checked_move(status, target),
+                "status_reason": reason,
+                "lease_owner": None,
+                "lease_expires_at": None,
+                "state_revision": ops.c.state_revision + 1,
+                "updated_at": db_now(),
+            }
+            if target == S.UNKNOWN:
+                values["last_outcome"] = "lost"
+                values["next_attempt_at"] = None
+            result = conn.execute(
+                sa.update(ops)
+                .where(
+                    sa.tuple_(ops.c.id, ops.c.state_revision).in_(pairs),
+                    ops.c.status == status.value,
+                    ops.c.lease_expires_at < db_now(),
+                )
+                .values(**values)
+                .returning(*self._columns())
+            ).all()
+            moved.extend(OperationRecord.from_raw_values(r) for r in result)
+        return moved
+
+    def unknown_due(self, conn: Connection, *, limit: int) -> list[OperationRecord]:
+        return [
+            OperationRecord.from_raw_values(r)
+            for r in conn.execute(
+                sa.select(*self._columns())
+                .where(
+                    ops.c.status == S.UNKNOWN.value,
+                    sa.or_(ops.c.next_attempt_at.is_(None), ops.c.next_attempt_at <= db_now()),
+                )
+                .order_by(ops.c.next_attempt_at, ops.c.id)
+                .limit(limit)
+            ).all()
+        ]
+
+    def resolve_unknown(
+        self,
+        conn: Connection,
+        *,
+        row: OperationRecord,
+        status: OperationStatus,
+        reason: str | None,
+        receipt: Any = None,
+        last_outcome: str | None = None,
+        delay_seconds: float | None = None,
+    ) -> bool:
+        values: dict[str, Any] = {
+            "status": checked_move(S.UNKNOWN, status),
+            "status_reason": reason,
+            "state_revision": ops.c.state_revision + 1,
+            "updated_at": db_now(),
+            "next_attempt_at": None if delay_seconds is None else db_now(delay_seconds),
+        }
+        if receipt is not None:
+            values["receipt"] = receipt
+        if last_outcome is not None:
+            values["last_outcome"] = last_outcome
+        result = conn.execute(
+            sa.update(ops)
+            .where(
+                ops.c.id == row.id,
+                ops.c.state_revision == row.state_revision,
+                ops.c.status == S.UNKNOWN.value,
+            )
+            .values(**values)
+        )
+        return bool(result.rowcount)
+
+    def look_again(self, conn: Connection, *, row: OperationRecord, delay_seconds: float) -> None:
+        conn.execute(
+            sa.update(ops)
+            .where(
+                ops.c.id == row.id,
+                ops.c.state_revision == row.state_revision,
+                ops.c.status == S.UNKNOWN.value,
+            )
+            .values(next_attempt_at=db_now(delay_seconds))
+        )

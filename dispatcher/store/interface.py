@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Protocol
+from typing import Any, Protocol
 
 from sqlalchemy.engine import Connection
 
@@ -104,4 +104,43 @@ class Store(Protocol):
 
     def db_now(self, conn: Connection) -> datetime:
         """The database clock."""
+        ...
+
+    # -- the repair paths ----------------------------------------------------------------
+    def expired_leases(self, conn: Connection, *, limit: int) -> list[OperationRecord]:
+        """Leased rows (``claimed``, ``dispatching``) whose lease has passed on the
+        database clock, oldest lease first (PostgreSQL: skipping rows another transaction
+        holds)."""
+        ...
+
+    def recover_leases(
+        self, conn: Connection, rows: Sequence[OperationRecord]
+    ) -> list[OperationRecord]:
+        """Expired ``claimed -> pending`` (never sent); expired ``dispatching -> unknown``
+        (may have been sent: never ``pending``), each conditional on the revision read and
+        a lease still expired, so a worker that extended its lease in time keeps it.
+        Returns the rows moved, as they are now (events are the caller's)."""
+        ...
+
+    def unknown_due(self, conn: Connection, *, limit: int) -> list[OperationRecord]:
+        """``unknown`` rows whose next look-up is due."""
+        ...
+
+    def resolve_unknown(
+        self,
+        conn: Connection,
+        *,
+        row: OperationRecord,
+        status: OperationStatus,
+        reason: str | None,
+        receipt: Any = None,
+        last_outcome: str | None = None,
+        delay_seconds: float | None = None,
+    ) -> bool:
+        """Move an ``unknown`` row on from reconciliation evidence, conditional on the
+        revision read (a concurrent reconciler or operator wins). True if it moved."""
+        ...
+
+    def look_again(self, conn: Connection, *, row: OperationRecord, delay_seconds: float) -> None:
+        """Keep a row ``unknown`` and schedule its next look-up (not a transition)."""
         ...

@@ -243,6 +243,8 @@ def _eligible(limit: int) -> sa.Select[Any]:
 
 class PostgresStore(CommonStatements):
     dialect = "postgresql"
+    raw_times = False
+    skip_locked = True
 
     def fencing_token(self, conn: Connection) -> int:
         return int(conn.execute(sa.select(token_expression())).scalar_one())

@@ -32,6 +32,8 @@ S = OperationStatus
 
 class SQLiteStore(CommonStatements):
     dialect = "sqlite"
+    raw_times = True
+    skip_locked = False
 
     def fencing_token(self, conn: Connection) -> int:
         """A fresh value of the monotonic fencing counter (the ``fencing`` row)."""

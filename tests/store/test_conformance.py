@@ -232,3 +232,80 @@ def test_the_database_clock(engine: Engine, store: Store) -> None:
         second = store.db_now(conn)
     assert first.tzinfo is not None and first <= second
     assert abs(second - datetime.now(UTC)) < timedelta(seconds=60)
+
+
+# -- the repair paths ------------------------------------------------------------------
+def _expire(engine: Engine, *operation_ids: str) -> None:
+    for op_id in operation_ids:
+        sql(engine, "UPDATE outbox_operations SET lease_expires_at = :t WHERE operation_id = :o",
+            t=datetime.now(UTC) - timedelta(seconds=5), o=op_id)
+
+
+def test_expired_leases_go_back_to_pending_or_to_unknown_never_resent(
+    engine: Engine, store: Store
+) -> None:
+    """An expired ``claimed`` row was never sent: ``pending``. An expired ``dispatching``
+    row may have been: ``unknown`` (last outcome ``lost``), never ``pending``. A lease
+    renewed in time, or a revision moved on since the read, keeps the row where it is."""
+    ids = stage(engine, 4)
+    token, (never_sent, maybe_sent, renewed, moved_on) = claim(engine, store)
+    mark(engine, store, token, [maybe_sent, renewed, moved_on])
+    _expire(engine, *ids)
+    with tx(engine) as conn:
+        expired = store.expired_leases(conn, limit=10)
+    assert sorted(o.operation_id for o in expired) == ids
+    with tx(engine) as conn:  # renewed in time: its lease no longer expired
+        store.extend_leases(conn, token=token, pairs=[(renewed.id, renewed.state_revision + 1)],
+                            lease_seconds=600)
+        store.transition_many(conn, token=token, expected=S.DISPATCHING, items=[
+            Transition(moved_on.id, moved_on.state_revision + 1, S.APPLIED)])
+    with tx(engine) as conn:
+        recovered = store.recover_leases(conn, expired)
+    assert {o.operation_id: o.status for o in recovered} == {
+        never_sent.operation_id: S.PENDING, maybe_sent.operation_id: S.UNKNOWN}
+    row = operation(engine, maybe_sent.operation_id)
+    assert (row["status_reason"], row["last_outcome"], row["lease_owner"]) == (
+        "lease_expired_while_dispatching", "lost", None)
+    assert operation(engine, renewed.operation_id)["status"] == "dispatching"
+    assert operation(engine, moved_on.operation_id)["status"] == "applied"
+    with tx(engine) as conn:
+        assert store.expired_leases(conn, limit=10) == []
+
+
+def _unknown(engine: Engine, store: Store, count: int = 1) -> list[OperationRecord]:
+    ids = stage(engine, count, prefix="u")
+    token, claimed = claim(engine, store)
+    mark(engine, store, token, claimed)
+    _expire(engine, *ids)
+    with tx(engine) as conn:
+        return store.recover_leases(conn, store.expired_leases(conn, limit=100))
+
+
+def test_unknown_rows_are_resolved_once_on_the_revision_read(
+    engine: Engine, store: Store
+) -> None:
+    first, second = _unknown(engine, store, 2)
+    with tx(engine) as conn:
+        due = store.unknown_due(conn, limit=10)
+    assert [o.id for o in due] == [first.id, second.id]
+    with tx(engine) as conn:
+        assert store.resolve_unknown(conn, row=first, status=S.APPLIED, reason=None,
+                                     receipt={"found": True}, last_outcome="reconciled_applied")
+        # a second resolution of the same read (a concurrent reconciler) matches nothing
+        assert not store.resolve_unknown(conn, row=first, status=S.PENDING, reason="late")
+        assert store.resolve_unknown(conn, row=second, status=S.PENDING,
+                                     reason="reconciled_not_applied", delay_seconds=0.0)
+    row = operation(engine, first.operation_id)
+    assert (row["status"], row["receipt"], row["last_outcome"]) == (
+        "applied", {"found": True}, "reconciled_applied")
+    assert operation(engine, second.operation_id)["status"] == "pending"
+
+
+def test_a_look_up_scheduled_later_is_not_due(engine: Engine, store: Store) -> None:
+    (row,) = _unknown(engine, store)
+    with tx(engine) as conn:
+        store.look_again(conn, row=row, delay_seconds=3600)
+    with tx(engine) as conn:
+        assert store.unknown_due(conn, limit=10) == []
+    after = operation(engine, row.operation_id)
+    assert (after["status"], after["state_revision"]) == ("unknown", row.state_revision)
