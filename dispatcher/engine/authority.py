@@ -32,26 +32,24 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from dispatcher.config import Config
 from dispatcher.engine.checks import Refusal
-from outbox import schema
+from dispatcher.store import journal, store_for
+from dispatcher.store.common import budgeted_task
 from outbox.admission import INCOMPATIBLE_VERSION
 from outbox.approvals import Approval, evaluate
 from outbox.digest import payload_digest
 from outbox.errors import ConfigError
 from outbox.protection.artifacts import LocalArtifactStore
 from outbox.records import OperationRecord
-from outbox.types import db_now
 
 POLICY_DENIED = "policy_denied"
 BUDGET_EXHAUSTED = "budget_exhausted"
 CONSUMED_EVENT = "approval_consumed"
 
 Policy = Callable[[OperationRecord, datetime], "str | None"]
-tasks_t, ops_t, approvals_t = schema.tasks, schema.operations, schema.approvals
 
 
 def load_policy(spec: str, key: str) -> Policy:
@@ -107,17 +105,21 @@ class Authority:
         return cls(workflow_versions=versions, policies=policies)
 
     # -- the check ---------------------------------------------------------------------
-    def needs_lock(self, conn: Connection, rows: Sequence[OperationRecord]) -> bool:
+    def needs_lock(
+        self,
+        rows: Sequence[OperationRecord],
+        task_rows: Mapping[tuple[str, str], Mapping[str, Any]],
+    ) -> bool:
         """Whether checking ``rows`` takes locks that must hold until their mark commits:
-        an approval to consume, or a task budget to count. If not, the task rows read here
-        (without a lock) serve the :meth:`check` that follows."""
+        an approval to consume, or a task budget to count. If not, the task rows the claim
+        read serve the :meth:`check` that follows (no read of its own)."""
         self._read = None
         if any(r.requires_approval for r in rows):
             return True
-        tasks = self._tasks(conn, rows, lock=False)
-        if any(_budgeted(t) for t in tasks.values()):
+        mine = {(r.tenant_id, r.task_id) for r in rows}
+        if any(budgeted_task(t) for key, t in task_rows.items() if key in mine):
             return True
-        self._read = tasks
+        self._read = dict(task_rows)
         return False
 
     def check(
@@ -201,43 +203,22 @@ class Authority:
         spent[key][0] = attempts + 1  # this row's attempt counts against the next rows
         return None
 
-    # -- queries -----------------------------------------------------------------------
+    # -- reads (dispatcher.store) ---------------------------------------------------------
     def _tasks(
         self, conn: Connection, rows: Sequence[OperationRecord], *, lock: bool = True
     ) -> dict[tuple[str, str], Mapping[str, Any]]:
-        pairs = sorted({(r.tenant_id, r.task_id) for r in rows})
-        query = (
-            sa.select(tasks_t.c.id, tasks_t.c.tenant_id, tasks_t.c.task_id,
-                      tasks_t.c.workflow_version, tasks_t.c.max_attempts,
-                      tasks_t.c.max_elapsed_seconds)
-            .where(sa.tuple_(tasks_t.c.tenant_id, tasks_t.c.task_id).in_(pairs))
-            .order_by(tasks_t.c.id)
-        )
-        found: dict[tuple[str, str], Mapping[str, Any]] = {
-            (t["tenant_id"], t["task_id"]): dict(t) for t in conn.execute(query).mappings()
-        }
-        budgeted = [t["id"] for t in found.values() if _budgeted(t)]
-        if lock and budgeted and conn.dialect.name == "postgresql":
-            conn.execute(sa.select(tasks_t.c.id).where(tasks_t.c.id.in_(budgeted))
-                         .order_by(tasks_t.c.id).with_for_update())
-        return found
+        return dict(store_for(conn.dialect.name).task_limits(
+            conn, [(r.tenant_id, r.task_id) for r in rows], lock_budgeted=lock))
 
     def _task_spending(
         self, conn: Connection, tasks: Mapping[tuple[str, str], Mapping[str, Any]]
     ) -> dict[tuple[str, str], list[Any]]:
         """Per budgeted task: [attempts so far, first dispatch], read after the lock."""
         spent: dict[tuple[str, str], list[Any]] = defaultdict(lambda: [0, None])
-        pairs = [k for k, t in tasks.items() if _budgeted(t)]
-        if not pairs:
-            return spent
-        rows = conn.execute(
-            sa.select(ops_t.c.tenant_id, ops_t.c.task_id, sa.func.sum(ops_t.c.attempts),
-                      sa.func.min(ops_t.c.first_dispatched_at))
-            .where(sa.tuple_(ops_t.c.tenant_id, ops_t.c.task_id).in_(pairs))
-            .group_by(ops_t.c.tenant_id, ops_t.c.task_id)
-        ).all()
-        for tenant, task, attempts, first in rows:
-            spent[(tenant, task)] = [int(attempts or 0), first]
+        pairs = [k for k, t in tasks.items() if budgeted_task(t)]
+        for key, (attempts, first) in store_for(conn.dialect.name).task_spending(
+                conn, pairs).items():
+            spent[key] = [attempts, first]
         return spent
 
     def _approvals(
@@ -245,16 +226,9 @@ class Authority:
     ) -> dict[tuple[str, str], list[Approval]]:
         if not rows:
             return {}
-        pairs = sorted({(r.tenant_id, r.operation_id) for r in rows})
-        query = (
-            sa.select(approvals_t)
-            .where(sa.tuple_(approvals_t.c.tenant_id, approvals_t.c.operation_id).in_(pairs))
-            .order_by(approvals_t.c.id)
-        )
-        if conn.dialect.name == "postgresql":
-            query = query.with_for_update()
         found: dict[tuple[str, str], list[Approval]] = defaultdict(list)
-        for row in conn.execute(query).mappings():
+        for row in store_for(conn.dialect.name).approvals_for(
+                conn, [(r.tenant_id, r.operation_id) for r in rows]):
             found[(row["tenant_id"], row["operation_id"])].append(Approval.from_row(row))
         return found
 
@@ -266,22 +240,13 @@ class Authority:
         self._chosen = {}
         if not used:
             return
-        consumed = conn.execute(
-            sa.update(approvals_t)
-            .where(approvals_t.c.id.in_(list(used)), approvals_t.c.consumed_at.is_(None))
-            .values(consumed_at=db_now(), consumed_fencing_token=token)
-            .returning(approvals_t.c.id)
-        ).scalars().all()
+        consumed = store_for(conn.dialect.name).consume_approvals(conn, list(used), token)
         events = [
             {"tenant_id": op.tenant_id, "task_id": op.task_id, "operation_id": op.operation_id,
              "kind": CONSUMED_EVENT, "from_status": "claimed", "to_status": "dispatching",
              "actor": op.lease_owner or "outboxd", "reason": None,
              "detail": {"approval_id": approval_id}, "fencing_token": token}
-            for approval_id, op in used.items() if approval_id in set(consumed)
+            for approval_id, op in used.items() if approval_id in consumed
         ]
-        if events:
-            conn.execute(sa.insert(schema.events), events)
+        journal.write(conn, events)
 
-
-def _budgeted(task: Mapping[str, Any]) -> bool:
-    return task["max_attempts"] is not None or task["max_elapsed_seconds"] is not None

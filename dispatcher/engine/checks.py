@@ -54,9 +54,14 @@ class Refusal(str):
 
 
 class AuthorityCheck(Protocol):
-    def needs_lock(self, conn: Connection, rows: Sequence[OperationRecord]) -> bool:
-        """Whether checking ``rows`` takes locks that must hold until the mark commits
-        (then the checks, the mark and :meth:`consume` share one transaction)."""
+    def needs_lock(
+        self,
+        rows: Sequence[OperationRecord],
+        task_rows: Mapping[tuple[str, str], Mapping[str, Any]],
+    ) -> bool:
+        """Whether checking ``rows`` (whose task rows the claim read) takes locks that
+        must hold until the mark commits (then the checks, the mark and :meth:`consume`
+        share one transaction)."""
         ...
 
     def check(
@@ -76,7 +81,11 @@ class AuthorityCheck(Protocol):
 class NoAuthority:
     """No approvals or other authority rules configured."""
 
-    def needs_lock(self, conn: Connection, rows: Sequence[OperationRecord]) -> bool:
+    def needs_lock(
+        self,
+        rows: Sequence[OperationRecord],
+        task_rows: Mapping[tuple[str, str], Mapping[str, Any]],
+    ) -> bool:
         return False
 
     def check(

@@ -92,7 +92,7 @@ class Worker:
         t0 = time.perf_counter()
         sent_at = time.monotonic()
         with self._transaction() as conn:
-            token, rows = self.store.claim(
+            token, rows, task_rows = self.store.claim(
                 conn, worker=self.s.worker_id, limit=limit, lease_seconds=self.s.lease_seconds
             )
         metrics.CLAIM_DURATION.observe(time.perf_counter() - t0)
@@ -104,7 +104,8 @@ class Worker:
         # never less than the true database time (a deadline or a window ends no later)
         claimed_at = max(r.updated_at for r in rows)
         sends = self._commit_dispatching(
-            token, rows, lambda: claimed_at + timedelta(seconds=time.monotonic() - sent_at)
+            token, rows, task_rows,
+            lambda: claimed_at + timedelta(seconds=time.monotonic() - sent_at),
         )
         failpoints.hit("after_dispatching_commit")
         for item in sends:
@@ -113,28 +114,23 @@ class Worker:
         return len(rows)
 
     def _dispatching_connection(
-        self, rows: list[OperationRecord]
+        self, rows: list[OperationRecord], task_rows: Mapping[tuple[str, str], Mapping[str, Any]]
     ) -> AbstractContextManager[Connection]:
         """Where the dispatching step runs. One transaction where the checks take locks that
         must hold until the mark commits (an approval to consume, a task budget to count)
         and on SQLite (one writer); otherwise, on PostgreSQL, each statement on its own
         (autocommit): the reads and the mark — a single statement with its events — then
         cost no BEGIN and COMMIT round trips."""
-        if self._one_statement is self.engine:
+        if self._one_statement is self.engine or self.authority.needs_lock(rows, task_rows):
             return self.engine.begin()
-        conn = self._one_statement.connect()
-        try:
-            locking = self.authority.needs_lock(conn, rows)
-        except BaseException:
-            conn.close()
-            raise
-        if locking:
-            conn.close()
-            return self.engine.begin()
-        return conn
+        return self._one_statement.connect()
 
     def _commit_dispatching(
-        self, token: int, rows: list[OperationRecord], db_clock: Callable[[], datetime]
+        self,
+        token: int,
+        rows: list[OperationRecord],
+        task_rows: Mapping[tuple[str, str], Mapping[str, Any]],
+        db_clock: Callable[[], datetime],
     ) -> list[InFlight]:
         refused: list[Transition] = []
         details: dict[int, Mapping[str, Any]] = {}
@@ -143,7 +139,7 @@ class Worker:
         # cannot end before this reading + lease_seconds
         lease_until = time.monotonic() + self.s.lease_send_seconds
         moved: set[int] = set()
-        with self._dispatching_connection(rows) as conn:
+        with self._dispatching_connection(rows, task_rows) as conn:
             atomic = conn.get_execution_options().get("isolation_level") != "AUTOCOMMIT"
             now = db_clock()
             passing: list[OperationRecord] = []

@@ -5,7 +5,7 @@ whose text is the same on both dialects (:class:`CommonStatements`)."""
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -20,6 +20,7 @@ from outbox.types import JSONType, db_now, is_due
 
 ops = schema.operations
 tasks = schema.tasks
+approvals = schema.approvals
 S = OperationStatus
 _NON_TERMINAL = sorted(s.value for s in NON_TERMINAL)
 FENCED = {"fenced": True}
@@ -120,6 +121,24 @@ def dispatching_values(*, lease: Any) -> dict[str, Any]:
         "state_revision": ops.c.state_revision + 1,
         "updated_at": db_now(),
     }
+
+
+TASK_LIMIT_COLUMNS = (
+    tasks.c.id,
+    tasks.c.tenant_id,
+    tasks.c.task_id,
+    tasks.c.workflow_version,
+    tasks.c.max_attempts,
+    tasks.c.max_elapsed_seconds,
+)
+"""What the authority reads of a task: its version and budgets."""
+
+
+def task_limits_of(rows: Sequence[Sequence[Any]]) -> dict[tuple[str, str], dict[str, Any]]:
+    """Task rows (columns :data:`TASK_LIMIT_COLUMNS`) keyed by (tenant, task); rows of
+    an outer join that found no task (id NULL) are left out."""
+    names = [c.name for c in TASK_LIMIT_COLUMNS]
+    return {(r[1], r[2]): dict(zip(names, r, strict=True)) for r in rows if r[0] is not None}
 
 
 DISPATCHING_RETURNS = (
@@ -386,3 +405,67 @@ class CommonStatements:
             )
             .values(next_attempt_at=db_now(delay_seconds))
         )
+
+    # -- the authority's reads and writes: task limits, budgets spent, approvals ----------
+    def task_limits(
+        self, conn: Connection, pairs: Sequence[tuple[str, str]], *, lock_budgeted: bool
+    ) -> dict[tuple[str, str], dict[str, Any]]:
+        found: dict[tuple[str, str], dict[str, Any]] = {
+            (t["tenant_id"], t["task_id"]): dict(t)
+            for t in conn.execute(
+                sa.select(tasks.c.id, tasks.c.tenant_id, tasks.c.task_id,
+                          tasks.c.workflow_version, tasks.c.max_attempts,
+                          tasks.c.max_elapsed_seconds)
+                .where(sa.tuple_(tasks.c.tenant_id, tasks.c.task_id).in_(sorted(set(pairs))))
+                .order_by(tasks.c.id)
+            ).mappings()
+        }
+        budgeted = [t["id"] for t in found.values() if budgeted_task(t)]
+        if lock_budgeted and budgeted and self.skip_locked:  # SQLite: the one writer already
+            conn.execute(sa.select(tasks.c.id).where(tasks.c.id.in_(budgeted))
+                         .order_by(tasks.c.id).with_for_update())
+        return found
+
+    def task_spending(
+        self, conn: Connection, pairs: Sequence[tuple[str, str]]
+    ) -> dict[tuple[str, str], tuple[int, datetime | None]]:
+        if not pairs:
+            return {}
+        rows = conn.execute(
+            sa.select(ops.c.tenant_id, ops.c.task_id, sa.func.sum(ops.c.attempts),
+                      sa.func.min(ops.c.first_dispatched_at))
+            .where(sa.tuple_(ops.c.tenant_id, ops.c.task_id).in_(list(pairs)))
+            .group_by(ops.c.tenant_id, ops.c.task_id)
+        ).all()
+        return {(tenant, task): (int(attempts or 0), first)
+                for tenant, task, attempts, first in rows}
+
+    def approvals_for(
+        self, conn: Connection, pairs: Sequence[tuple[str, str]]
+    ) -> list[dict[str, Any]]:
+        if not pairs:
+            return []
+        query = (
+            sa.select(approvals)
+            .where(sa.tuple_(approvals.c.tenant_id, approvals.c.operation_id)
+                   .in_(sorted(set(pairs))))
+            .order_by(approvals.c.id)
+        )
+        if self.skip_locked:
+            query = query.with_for_update()
+        return [dict(r) for r in conn.execute(query).mappings()]
+
+    def consume_approvals(self, conn: Connection, ids: Sequence[int], token: int) -> set[int]:
+        if not ids:
+            return set()
+        return set(conn.execute(
+            sa.update(approvals)
+            .where(approvals.c.id.in_(list(ids)), approvals.c.consumed_at.is_(None))
+            .values(consumed_at=db_now(), consumed_fencing_token=token)
+            .returning(approvals.c.id)
+        ).scalars())
+
+
+def budgeted_task(task: Mapping[str, Any]) -> bool:
+    """A task with an attempt or elapsed-time budget of its own."""
+    return task["max_attempts"] is not None or task["max_elapsed_seconds"] is not None

@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 from sqlalchemy.engine import Connection
 
-from dispatcher.store.transitions import Dispatching, Recorded, Transition
+from dispatcher.store.transitions import Claimed, Dispatching, Recorded, Transition
 from outbox.records import OperationRecord
 from outbox.states import OperationStatus
 
@@ -40,11 +40,12 @@ class Store(Protocol):
 
     def claim(
         self, conn: Connection, *, worker: str, limit: int, lease_seconds: float
-    ) -> tuple[int, list[OperationRecord]]:
+    ) -> Claimed:
         """``pending -> claimed`` for up to ``limit`` eligible rows (due, task not
         cancelled, first in line for their ordering key), oldest first, with a lease on
-        the database clock, one fresh fencing token for the batch, and their events.
-        Returns ``(token, rows)``, rows by id; ``(0, [])`` when nothing is eligible."""
+        the database clock, one fresh fencing token for the batch, and their events;
+        with the rows' task rows (their versions and budgets), read by the same statement
+        on PostgreSQL. Token 0 and no rows when nothing is eligible."""
         ...
 
     def mark_dispatching(
@@ -143,4 +144,32 @@ class Store(Protocol):
 
     def look_again(self, conn: Connection, *, row: OperationRecord, delay_seconds: float) -> None:
         """Keep a row ``unknown`` and schedule its next look-up (not a transition)."""
+        ...
+
+    # -- the authority -------------------------------------------------------------------
+    def task_limits(
+        self, conn: Connection, pairs: Sequence[tuple[str, str]], *, lock_budgeted: bool
+    ) -> dict[tuple[str, str], dict[str, Any]]:
+        """The task rows of (tenant, task) pairs: id, workflow version, budgets. With
+        ``lock_budgeted``, the tasks with a budget are locked until the transaction ends
+        (PostgreSQL; on SQLite the one writer already serialises), so two replicas never
+        both spend a task's last attempt."""
+        ...
+
+    def task_spending(
+        self, conn: Connection, pairs: Sequence[tuple[str, str]]
+    ) -> dict[tuple[str, str], tuple[int, datetime | None]]:
+        """Per task: attempts so far over its operations, and its first dispatch."""
+        ...
+
+    def approvals_for(
+        self, conn: Connection, pairs: Sequence[tuple[str, str]]
+    ) -> list[dict[str, Any]]:
+        """The approval rows of (tenant, operation id) pairs, oldest first, locked until
+        the transaction ends on PostgreSQL (a revocation waits for the dispatching mark)."""
+        ...
+
+    def consume_approvals(self, conn: Connection, ids: Sequence[int], token: int) -> set[int]:
+        """Mark approvals consumed under ``token`` (once: an already consumed one is left
+        as it is). Returns the ids consumed now."""
         ...

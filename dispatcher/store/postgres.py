@@ -25,20 +25,23 @@ from sqlalchemy.sql.type_api import TypeEngine
 from dispatcher.store.common import (
     DISPATCHING_RETURNS,
     FENCED,
+    TASK_LIMIT_COLUMNS,
     CommonStatements,
     claim_values,
     dispatching_values,
     eligible,
     may_dispatch,
     status_literal,
+    task_limits_of,
 )
-from dispatcher.store.transitions import Dispatching, Recorded
+from dispatcher.store.transitions import Claimed, Dispatching, Recorded
 from outbox import schema
 from outbox.records import OPERATION_FIELDS, OperationRecord, raw_operation_columns
 from outbox.states import OperationStatus, checked_move
 from outbox.types import db_now
 
 ops = schema.operations
+tasks = schema.tasks
 S = OperationStatus
 
 TOKEN = sa.bindparam("token", type_=sa.BigInteger())
@@ -141,8 +144,14 @@ def claim_statement(which: Any) -> Any:
         .cte("claimed")
     )
     events = _events_of(claimed, "pending", sa.literal_column(f"'{S.CLAIMED.value}'"))
-    # the content read as text, decoded per row (outbox.records.raw_operation_columns)
-    return sa.select(*raw_operation_columns(claimed, raw_times=False)).add_cte(events)
+    # the content read as text, decoded per row (outbox.records.raw_operation_columns),
+    # then each row's task row (version, budgets) for the authority's checks
+    task = sa.and_(tasks.c.tenant_id == claimed.c.tenant_id, tasks.c.task_id == claimed.c.task_id)
+    return (
+        sa.select(*raw_operation_columns(claimed, raw_times=False), *TASK_LIMIT_COLUMNS)
+        .select_from(claimed.outerjoin(tasks, task))
+        .add_cte(events)
+    )
 
 
 @functools.cache
@@ -251,12 +260,15 @@ class PostgresStore(CommonStatements):
 
     def claim(
         self, conn: Connection, *, worker: str, limit: int, lease_seconds: float
-    ) -> tuple[int, list[OperationRecord]]:
+    ) -> Claimed:
         rows = conn.execute(
             claim_statement(_eligible(limit)), {"actor": worker, "lease": lease_seconds}
         ).all()
-        records = sorted((OperationRecord.from_raw_values(r) for r in rows), key=lambda r: r.id)
-        return (int(records[0].fencing_token or 0) if records else 0), records
+        n = len(OPERATION_FIELDS)
+        records = sorted((OperationRecord.from_raw_values(r[:n]) for r in rows),
+                         key=lambda r: r.id)
+        token = int(records[0].fencing_token or 0) if records else 0
+        return Claimed(token, records, task_limits_of([r[n:] for r in rows]))
 
     def mark_dispatching(
         self,

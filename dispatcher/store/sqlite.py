@@ -14,19 +14,22 @@ from dispatcher.store import journal
 from dispatcher.store.common import (
     DISPATCHING_RETURNS,
     FENCED,
+    TASK_LIMIT_COLUMNS,
     CommonStatements,
     claim_values,
     dispatching_values,
     eligible,
     fenced,
     may_dispatch,
+    task_limits_of,
 )
-from dispatcher.store.transitions import Dispatching, Recorded
+from dispatcher.store.transitions import Claimed, Dispatching, Recorded
 from outbox import schema
 from outbox.records import OperationRecord, raw_operation_columns
 from outbox.states import OperationStatus
 
 ops = schema.operations
+tasks = schema.tasks
 S = OperationStatus
 
 
@@ -48,7 +51,7 @@ class SQLiteStore(CommonStatements):
 
     def claim(
         self, conn: Connection, *, worker: str, limit: int, lease_seconds: float
-    ) -> tuple[int, list[OperationRecord]]:
+    ) -> Claimed:
         token = self.fencing_token(conn)
         rows = conn.execute(
             sa.update(ops)
@@ -58,11 +61,16 @@ class SQLiteStore(CommonStatements):
         ).all()
         records = sorted((OperationRecord.from_raw_values(r) for r in rows), key=lambda r: r.id)
         if not records:
-            return 0, []
+            return Claimed(0, [], {})
         journal.transitions_from_rows(
             conn, [r.id for r in records], from_status="pending", to_status="claimed", actor=worker
         )
-        return token, records
+        pairs = sorted({(r.tenant_id, r.task_id) for r in records})
+        found = conn.execute(
+            sa.select(*TASK_LIMIT_COLUMNS).where(
+                sa.tuple_(tasks.c.tenant_id, tasks.c.task_id).in_(pairs))
+        ).all()
+        return Claimed(token, records, task_limits_of(found))
 
     def mark_dispatching(
         self,

@@ -10,12 +10,22 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from outbox.records import OperationRecord
 from outbox.states import OperationStatus
 
-__all__ = ["Dispatching", "Recorded", "Transition"]
+__all__ = ["Claimed", "Dispatching", "Recorded", "Transition"]
+
+
+class Claimed(NamedTuple):
+    """What a claim took: the batch's fencing token (0 when nothing), its rows by id, and
+    the task rows of their tasks as the claim saw them (id, workflow version, budgets;
+    keyed by (tenant, task); a row without a task row has none)."""
+
+    token: int
+    rows: list[OperationRecord]
+    tasks: dict[tuple[str, str], dict[str, Any]]
 
 
 @dataclass(frozen=True)

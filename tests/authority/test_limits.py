@@ -142,18 +142,18 @@ def test_only_approvals_and_task_budgets_make_the_dispatching_step_lock(db_url: 
         _sql(engine, "UPDATE outbox_tasks SET max_attempts = 3 WHERE task_id = 'budget'")
         stage_task(engine, "approval", {"a1": {"requires_approval": True}})
         with engine.begin() as conn:
-            _, claimed = store_for(engine.dialect.name).claim(
+            _, claimed, task_rows = store_for(engine.dialect.name).claim(
                 conn, worker="w", limit=10, lease_seconds=30)
         by_task: dict[str, list[OperationRecord]] = {}
         for op in claimed:
             by_task.setdefault(op.task_id, []).append(op)
         authority = Authority()
         now = db_now(engine)
+        assert not authority.needs_lock(by_task["plain"], task_rows)
         with engine.connect() as conn:
-            assert not authority.needs_lock(conn, by_task["plain"])
             assert authority.check(conn, by_task["plain"], now) == {}
-            assert authority.needs_lock(conn, by_task["budget"])
-            assert authority.needs_lock(conn, by_task["approval"])
-            assert authority.needs_lock(conn, by_task["plain"] + by_task["budget"])
+        assert authority.needs_lock(by_task["budget"], task_rows)
+        assert authority.needs_lock(by_task["approval"], task_rows)
+        assert authority.needs_lock(by_task["plain"] + by_task["budget"], task_rows)
     finally:
         engine.dispose()

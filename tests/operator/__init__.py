@@ -55,7 +55,7 @@ def stage(
 def claim(engine: Engine, *, lease: float) -> tuple[int, list[tuple[int, int]]]:
     """The dispatcher's claim statement: every eligible row -> ``claimed``."""
     with engine.begin() as conn:
-        token, rows = store_for(engine.dialect.name).claim(
+        token, rows, _ = store_for(engine.dialect.name).claim(
             conn, worker="test", limit=100, lease_seconds=lease)
     return token, [(r.id, r.state_revision) for r in rows]
 

@@ -41,7 +41,8 @@ def tx(engine: Engine) -> Iterator[Connection]:
 def claim(engine: Engine, store: Store, limit: int = 100,
           worker: str = "w1") -> tuple[int, list[OperationRecord]]:
     with tx(engine) as conn:
-        return store.claim(conn, worker=worker, limit=limit, lease_seconds=LEASE)
+        token, rows, _ = store.claim(conn, worker=worker, limit=limit, lease_seconds=LEASE)
+    return token, rows
 
 
 def mark(engine: Engine, store: Store, token: int, ops: list[OperationRecord],
@@ -110,7 +111,7 @@ def test_two_claims_never_take_the_same_row(engine: Engine, store: Store) -> Non
     ids = stage(engine, 6)
     if engine.dialect.name == "postgresql":
         with engine.connect() as a:
-            _, first = store.claim(a, worker="a", limit=3, lease_seconds=LEASE)
+            _, first, _ = store.claim(a, worker="a", limit=3, lease_seconds=LEASE)
             result: list[OperationRecord] = []
             other = threading.Thread(
                 target=lambda: result.extend(claim(engine, store, worker="b")[1]))
@@ -309,3 +310,55 @@ def test_a_look_up_scheduled_later_is_not_due(engine: Engine, store: Store) -> N
         assert store.unknown_due(conn, limit=10) == []
     after = operation(engine, row.operation_id)
     assert (after["status"], after["state_revision"]) == ("unknown", row.state_revision)
+
+
+def test_a_claim_returns_the_task_rows_of_its_rows(engine: Engine, store: Store) -> None:
+    """The authority's checks read each row's task (version, budgets) from the claim: on
+    PostgreSQL the claim statement itself joins them, so a batch that needs no lock is
+    checked and marked without another round trip."""
+    stage(engine, 2, prefix="budgeted", task="budgeted-task")
+    stage(engine, 1, prefix="free", task="free-task")
+    sql(engine, "UPDATE outbox_tasks SET max_attempts = 4 WHERE task_id = 'budgeted-task'")
+    sql(engine, "INSERT INTO outbox_operations (tenant_id, task_id, operation_id, provider, "
+                "payload) VALUES (:t, 'no-task-row', 'plain-sql', 'sim', '{}')", t=TENANT)
+    with tx(engine) as conn:
+        claimed = store.claim(conn, worker="w1", limit=10, lease_seconds=LEASE)
+    assert len(claimed.rows) == 4
+    assert sorted(claimed.tasks) == [(TENANT, "budgeted-task"), (TENANT, "free-task")]
+    budgeted = claimed.tasks[(TENANT, "budgeted-task")]
+    assert (budgeted["max_attempts"], budgeted["max_elapsed_seconds"]) == (4, None)
+
+
+# -- the authority's reads and writes --------------------------------------------------
+def test_task_limits_and_the_attempts_a_task_has_spent(engine: Engine, store: Store) -> None:
+    stage(engine, 2, prefix="budgeted", task="budgeted-task")
+    stage(engine, 1, prefix="free", task="free-task")
+    sql(engine, "UPDATE outbox_tasks SET max_attempts = 5 WHERE task_id = 'budgeted-task'")
+    token, claimed = claim(engine, store)
+    mark(engine, store, token, [o for o in claimed if o.task_id == "budgeted-task"])
+    pairs = [(TENANT, "budgeted-task"), (TENANT, "free-task"), (TENANT, "no-such-task")]
+    with tx(engine) as conn:
+        limits = store.task_limits(conn, pairs, lock_budgeted=True)
+        spent = store.task_spending(conn, pairs[:1])
+    assert sorted(limits) == sorted(pairs[:2])
+    assert limits[(TENANT, "budgeted-task")]["max_attempts"] == 5
+    assert limits[(TENANT, "free-task")]["max_attempts"] is None
+    attempts, first = spent[(TENANT, "budgeted-task")]
+    assert attempts == 2 and first is not None
+
+
+def test_approvals_are_read_and_consumed_once(engine: Engine, store: Store) -> None:
+    from outbox import approvals
+
+    (op_id,) = stage(engine, 1, prefix="approved", requires_approval=True)
+    with engine.begin() as conn:
+        approvals.approve(conn, tenant_id=TENANT, operation_id=op_id, actor="reviewer")
+    with tx(engine) as conn:
+        (found,) = store.approvals_for(conn, [(TENANT, op_id), (TENANT, "other")])
+    assert (found["operation_id"], found["consumed_at"]) == (op_id, None)
+    with tx(engine) as conn:
+        assert store.consume_approvals(conn, [found["id"]], 7) == {found["id"]}
+        assert store.consume_approvals(conn, [found["id"]], 8) == set()  # once
+    with tx(engine) as conn:
+        (after,) = store.approvals_for(conn, [(TENANT, op_id)])
+    assert after["consumed_fencing_token"] == 7 and after["consumed_at"] is not None
