@@ -11,7 +11,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from dispatcher.config import Config
-from dispatcher.maintenance import gauges
+from dispatcher.store import store_for
 from outbox import db, schema
 from outbox.api import SYSTEM_ACTOR
 from outbox.states import OperationStatus
@@ -45,7 +45,7 @@ def collect_from(conn: Connection) -> dict[str, Any]:
             ops.c.status == OperationStatus.PENDING.value
         )
     ).one()
-    due_age = gauges.oldest_due_pending_age(conn)
+    due_age = store_for(conn.dialect.name).oldest_due_pending_age(conn)
     # A replica is "seen" when it holds a lease now or moved an operation recently (its
     # worker id is the lease owner and the events' actor; the agent's own events are
     # written by "outbox"). An idle replica that moved nothing in the window is not seen.

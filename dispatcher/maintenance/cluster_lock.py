@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import enum
 
-import sqlalchemy as sa
 from sqlalchemy.engine import Connection
+
+from dispatcher.store import store_for
 
 
 class ClusterLock(enum.IntEnum):
@@ -21,6 +22,4 @@ class ClusterLock(enum.IntEnum):
 
 def take(conn: Connection, lock: ClusterLock) -> bool:
     """Whether this transaction now holds ``lock`` (False: another replica's run does)."""
-    if conn.dialect.name != "postgresql":
-        return True
-    return bool(conn.execute(sa.select(sa.func.pg_try_advisory_xact_lock(int(lock)))).scalar())
+    return store_for(conn.dialect.name).take_cluster_lock(conn, int(lock))

@@ -23,16 +23,13 @@ series keep the last value in between.
 from __future__ import annotations
 
 import time
-from datetime import datetime
-from typing import Any
 
-import sqlalchemy as sa
-from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.engine import Engine
 
 from dispatcher.observability import metrics
+from dispatcher.store import store_for
 from outbox import schema
 from outbox.states import OperationStatus
-from outbox.types import db_now
 
 ops = schema.operations
 S = OperationStatus
@@ -44,62 +41,6 @@ TERMINAL_MAX_INTERVAL_SECONDS = 300.0
 
 #: Reasons that currently have a ``outbox_blocked_operations`` series (the gauge is global).
 _blocked_reasons: set[str] = set()
-
-
-def count_statement(statuses: tuple[OperationStatus, ...]) -> sa.Select[Any]:
-    return (
-        sa.select(ops.c.status, sa.func.count())
-        .where(ops.c.status.in_([s.value for s in statuses]))
-        .group_by(ops.c.status)
-    )
-
-
-def blocked_statement() -> sa.Select[Any]:
-    return (
-        sa.select(ops.c.status_reason, sa.func.count())
-        .where(ops.c.status == S.BLOCKED.value)
-        .group_by(ops.c.status_reason)
-    )
-
-
-def count_by_status(conn: Connection, statuses: tuple[OperationStatus, ...]) -> dict[str, int]:
-    rows = conn.execute(count_statement(statuses)).all()
-    found = {str(status): int(n) for status, n in rows}
-    return {s.value: found.get(s.value, 0) for s in statuses}
-
-
-def blocked_by_reason(conn: Connection) -> dict[str, int]:
-    rows = conn.execute(blocked_statement()).all()
-    return {str(reason or "unspecified"): int(n) for reason, n in rows}
-
-
-def oldest_due_pending_statement() -> sa.Select[Any]:
-    pending = ops.c.status == S.PENDING.value
-    next_retry = (
-        sa.select(ops.c.next_attempt_at)
-        .where(pending, ops.c.next_attempt_at.isnot(None))
-        .order_by(ops.c.next_attempt_at, ops.c.id)
-        .limit(1)
-        .scalar_subquery()
-    )
-    first_new = (
-        sa.select(ops.c.created_at)
-        .where(pending, ops.c.next_attempt_at.is_(None))
-        .order_by(ops.c.next_attempt_at, ops.c.id)
-        .limit(1)
-        .scalar_subquery()
-    )
-    return sa.select(next_retry, first_new, db_now())
-
-
-def oldest_due_pending_age(conn: Connection) -> float:
-    """Seconds the longest-waiting *due* pending operation has waited since it became due
-    (its ``next_attempt_at``, or its creation when it has none); 0 when none is due."""
-    next_retry, first_new, now = conn.execute(oldest_due_pending_statement()).one()
-    due_since: list[datetime] = [t for t in (next_retry, first_new) if t is not None]
-    if not due_since:
-        return 0.0
-    return max(0.0, float((now - min(due_since)).total_seconds()))
 
 
 class GaugeRefresher:
@@ -114,15 +55,16 @@ class GaugeRefresher:
         now = time.monotonic()
         wait = min(TERMINAL_MAX_INTERVAL_SECONDS, self._terminal_cost * TERMINAL_COST_FACTOR)
         terminal_due = self._terminal_at is None or now - self._terminal_at >= wait
+        store = store_for(self.engine.dialect.name)
         with self.engine.connect() as conn:
-            counts = count_by_status(conn, NON_TERMINAL)
+            counts = store.count_by_status(conn, NON_TERMINAL)
             if terminal_due:
                 t0 = time.monotonic()
-                counts.update(count_by_status(conn, TERMINAL))
+                counts.update(store.count_by_status(conn, TERMINAL))
                 self._terminal_cost = time.monotonic() - t0
                 self._terminal_at = now
-            reasons = blocked_by_reason(conn)
-            oldest = oldest_due_pending_age(conn)
+            reasons = store.blocked_by_reason(conn)
+            oldest = store.oldest_due_pending_age(conn)
         for status, n in counts.items():
             metrics.OPERATIONS.labels(status).set(n)
         metrics.UNKNOWN_OPERATIONS.set(counts[S.UNKNOWN.value])

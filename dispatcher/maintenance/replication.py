@@ -18,8 +18,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import sqlalchemy as sa
 from sqlalchemy.engine import Engine
+
+from dispatcher.store import store_for
 
 # synchronous_commit values that wait for a synchronous standby before a commit returns
 _WAITS = frozenset({"on", "remote_write", "remote_apply"})
@@ -54,14 +55,6 @@ class Replication:
 
 def read(engine: Engine) -> Replication | None:
     """The replication state of the server ``engine`` reaches (None on SQLite)."""
-    if engine.dialect.name != "postgresql":
-        return None
     with engine.connect() as conn:
-        # physical standbys only: a logical walsender (a CDC reader) is connected to a
-        # database, and is no failover target
-        standbys = int(conn.execute(sa.text(
-            "SELECT count(*) FROM pg_stat_replication r JOIN pg_stat_activity a"
-            " ON a.pid = r.pid WHERE a.datname IS NULL")).scalar_one())
-        names = str(conn.execute(sa.text("SHOW synchronous_standby_names")).scalar_one())
-        commit = str(conn.execute(sa.text("SHOW synchronous_commit")).scalar_one())
-    return Replication(standbys, names, commit)
+        found = store_for(engine.dialect.name).replication(conn)
+    return None if found is None else Replication(*found)

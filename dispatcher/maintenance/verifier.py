@@ -28,18 +28,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Engine
 
 from dispatcher.engine import failpoints
-from dispatcher.store import journal
+from dispatcher.store import journal, store_for
 from outbox import schema
 from outbox.protection.envelopes import Protection, open_receipt
-from outbox.records import OperationRecord, raw_operation_columns
-from outbox.recovery import VERIFICATION_FAILED, VERIFIER_META_PREFIX
-from outbox.states import OperationStatus, check_transition
-from outbox.types import db_now
+from outbox.records import OperationRecord
+from outbox.recovery import VERIFICATION_FAILED
+from outbox.states import OperationStatus
 from providers.base import Provider, Verifying, VerifyKind, VerifyResult, verifier_of
 
 log = logging.getLogger("outboxd.verifier")
@@ -80,42 +77,18 @@ class Verifier:
 
     def publish(self) -> None:
         """Record which configured providers verify (read by ``outbox.recovery.plan``)."""
-        meta = schema.meta
-        insert = (postgresql if self.engine.dialect.name == "postgresql" else sqlite).insert
         with self.engine.begin() as conn:
-            for name in self.configured:
-                stmt = insert(meta).values(
-                    tenant_id="*",
-                    name=VERIFIER_META_PREFIX + name,
-                    value="1" if name in self.verifiers else "0",
-                )
-                conn.execute(
-                    stmt.on_conflict_do_update(
-                        index_elements=[meta.c.tenant_id, meta.c.name],
-                        set_={"value": stmt.excluded.value},
-                    )
-                )
+            store_for(conn.dialect.name).publish_verifiers(
+                conn, {name: name in self.verifiers for name in self.configured})
 
     def due(self) -> list[OperationRecord]:
-        """``applied`` rows of verifying providers whose verification is due."""
+        """``applied`` rows of verifying providers whose verification is due; decoded per
+        row: an undecodable receipt verifies as nothing, never stops the others."""
         if not self.verifiers:
             return []
         with self.engine.begin() as conn:
-            rows = conn.execute(
-                sa.select(*raw_operation_columns(ops, raw_times=conn.dialect.name == "sqlite"))
-                .where(
-                    ops.c.status == S.APPLIED.value,
-                    ops.c.provider.in_(sorted(self.verifiers)),
-                    sa.or_(
-                        ops.c.status_reason.is_(None), ops.c.status_reason != VERIFICATION_FAILED
-                    ),
-                    sa.or_(ops.c.next_attempt_at.is_(None), ops.c.next_attempt_at <= db_now()),
-                )
-                .order_by(ops.c.id)
-                .limit(self.limit)
-            ).all()
-            # decoded per row: an undecodable receipt verifies as nothing, never stops others
-            return [OperationRecord.from_raw_values(r) for r in rows]
+            return store_for(conn.dialect.name).verification_due(
+                conn, sorted(self.verifiers), limit=self.limit)
 
     def run_once(self) -> VerifyCounts:
         counts = VerifyCounts()
@@ -134,34 +107,15 @@ class Verifier:
         except Exception as exc:
             result = VerifyResult(VerifyKind.INDETERMINATE, reason=type(exc).__name__)
         failpoints.hit("in_verify")
-        match = sa.and_(
-            ops.c.id == row.id,
-            ops.c.state_revision == row.state_revision,
-            ops.c.status == S.APPLIED.value,
-        )
         with self.engine.begin() as conn:
+            store = store_for(conn.dialect.name)
             if result.kind == VerifyKind.INDETERMINATE:
-                conn.execute(
-                    sa.update(ops).where(match).values(next_attempt_at=db_now(RETRY_SECONDS))
-                )
+                store.verify_later(conn, row=row, delay_seconds=RETRY_SECONDS)
                 counts.indeterminate += 1
                 return
             verified = result.kind == VerifyKind.VERIFIED
             to = S.VERIFIED if verified else S.APPLIED
-            if verified:
-                check_transition(S.APPLIED, S.VERIFIED)
-            moved = conn.execute(
-                sa.update(ops)
-                .where(match)
-                .values(
-                    status=to.value,
-                    status_reason=None if verified else VERIFICATION_FAILED,
-                    next_attempt_at=None,
-                    state_revision=ops.c.state_revision + 1,
-                    updated_at=db_now(),
-                )
-            ).rowcount
-            if not moved:
+            if not store.record_verification(conn, row=row, verified=verified):
                 counts.lost_race += 1
                 return
             journal.write(

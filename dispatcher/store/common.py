@@ -10,12 +10,14 @@ from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 
 from dispatcher.store.transitions import Transition
 from outbox import schema
 from outbox.records import OperationRecord, raw_operation_columns
-from outbox.states import NON_TERMINAL, OperationStatus, checked_move
+from outbox.recovery import VERIFICATION_FAILED, VERIFIER_META_PREFIX
+from outbox.states import NON_TERMINAL, OperationStatus, check_transition, checked_move
 from outbox.types import JSONType, db_now, is_due
 
 ops = schema.operations
@@ -157,6 +159,7 @@ class CommonStatements:
     are each conditional on the revision read, so a concurrent worker, reconciler or
     operator wins and the losing write matches nothing)."""
 
+    dialect: str
     raw_times: bool
     """Times come back as text (SQLite) and are parsed per row."""
     skip_locked: bool
@@ -464,6 +467,121 @@ class CommonStatements:
             .values(consumed_at=db_now(), consumed_fencing_token=token)
             .returning(approvals.c.id)
         ).scalars())
+
+    # -- the verifier --------------------------------------------------------------------
+    def publish_verifiers(self, conn: Connection, verifies: Mapping[str, bool]) -> None:
+        meta = schema.meta
+        insert = postgresql.insert if self.dialect == "postgresql" else sqlite.insert
+        for name, verifying in sorted(verifies.items()):
+            stmt = insert(meta).values(tenant_id="*", name=VERIFIER_META_PREFIX + name,
+                                       value="1" if verifying else "0")
+            conn.execute(stmt.on_conflict_do_update(
+                index_elements=[meta.c.tenant_id, meta.c.name],
+                set_={"value": stmt.excluded.value},
+            ))
+
+    def verification_due(
+        self, conn: Connection, providers: Sequence[str], *, limit: int
+    ) -> list[OperationRecord]:
+        if not providers:
+            return []
+        rows = conn.execute(
+            sa.select(*self._columns())
+            .where(
+                ops.c.status == S.APPLIED.value,
+                ops.c.provider.in_(sorted(providers)),
+                sa.or_(ops.c.status_reason.is_(None), ops.c.status_reason != VERIFICATION_FAILED),
+                sa.or_(ops.c.next_attempt_at.is_(None), ops.c.next_attempt_at <= db_now()),
+            )
+            .order_by(ops.c.id)
+            .limit(limit)
+        ).all()
+        return [OperationRecord.from_raw_values(r) for r in rows]
+
+    def verify_later(self, conn: Connection, *, row: OperationRecord, delay_seconds: float) -> None:
+        conn.execute(
+            sa.update(ops).where(_still(row, S.APPLIED))
+            .values(next_attempt_at=db_now(delay_seconds))
+        )
+
+    def record_verification(
+        self, conn: Connection, *, row: OperationRecord, verified: bool
+    ) -> bool:
+        to = S.VERIFIED if verified else S.APPLIED
+        if verified:
+            check_transition(S.APPLIED, S.VERIFIED)
+        return bool(conn.execute(
+            sa.update(ops)
+            .where(_still(row, S.APPLIED))
+            .values(
+                status=to.value,
+                status_reason=None if verified else VERIFICATION_FAILED,
+                next_attempt_at=None,
+                state_revision=ops.c.state_revision + 1,
+                updated_at=db_now(),
+            )
+        ).rowcount)
+
+    # -- the gauges ----------------------------------------------------------------------
+    def count_by_status(
+        self, conn: Connection, statuses: Sequence[OperationStatus]
+    ) -> dict[str, int]:
+        rows = conn.execute(count_statement(statuses)).all()
+        found = {str(status): int(n) for status, n in rows}
+        return {s.value: found.get(s.value, 0) for s in statuses}
+
+    def blocked_by_reason(self, conn: Connection) -> dict[str, int]:
+        rows = conn.execute(blocked_statement()).all()
+        return {str(reason or "unspecified"): int(n) for reason, n in rows}
+
+    def oldest_due_pending_age(self, conn: Connection) -> float:
+        retry_at, created, now = conn.execute(oldest_due_pending_statement()).one()
+        due_since: list[datetime] = [t for t in (retry_at, created) if t is not None]
+        if not due_since:
+            return 0.0
+        return max(0.0, float((now - min(due_since)).total_seconds()))
+
+
+# -- the gauges' statements (each answered from an index bounded by the backlog) --------
+def count_statement(statuses: Sequence[OperationStatus]) -> sa.Select[Any]:
+    return (
+        sa.select(ops.c.status, sa.func.count())
+        .where(ops.c.status.in_([s.value for s in statuses]))
+        .group_by(ops.c.status)
+    )
+
+
+def blocked_statement() -> sa.Select[Any]:
+    return (
+        sa.select(ops.c.status_reason, sa.func.count())
+        .where(ops.c.status == S.BLOCKED.value)
+        .group_by(ops.c.status_reason)
+    )
+
+
+def oldest_due_pending_statement() -> sa.Select[Any]:
+    pending = ops.c.status == S.PENDING.value
+    next_retry = (
+        sa.select(ops.c.next_attempt_at)
+        .where(pending, ops.c.next_attempt_at.isnot(None))
+        .order_by(ops.c.next_attempt_at, ops.c.id)
+        .limit(1)
+        .scalar_subquery()
+    )
+    first_new = (
+        sa.select(ops.c.created_at)
+        .where(pending, ops.c.next_attempt_at.is_(None))
+        .order_by(ops.c.next_attempt_at, ops.c.id)
+        .limit(1)
+        .scalar_subquery()
+    )
+    return sa.select(next_retry, first_new, db_now())
+
+
+def _still(row: OperationRecord, status: OperationStatus) -> Any:
+    """The row as it was read: same revision, still ``status``."""
+    return sa.and_(ops.c.id == row.id, ops.c.state_revision == row.state_revision,
+                   ops.c.status == status.value)
 
 
 def budgeted_task(task: Mapping[str, Any]) -> bool:

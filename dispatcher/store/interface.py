@@ -18,7 +18,7 @@ clock (:class:`outbox.types.db_now`).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any, Protocol
 
@@ -144,6 +144,54 @@ class Store(Protocol):
 
     def look_again(self, conn: Connection, *, row: OperationRecord, delay_seconds: float) -> None:
         """Keep a row ``unknown`` and schedule its next look-up (not a transition)."""
+        ...
+
+    # -- the verifier, the cluster's jobs, the gauges --------------------------------------
+    def publish_verifiers(self, conn: Connection, verifies: Mapping[str, bool]) -> None:
+        """Record which configured providers verify (``outbox_meta`` rows
+        ``verifier:NAME``, read by :func:`outbox.recovery.plan`)."""
+        ...
+
+    def verification_due(
+        self, conn: Connection, providers: Sequence[str], *, limit: int
+    ) -> list[OperationRecord]:
+        """``applied`` rows of these providers whose verification is due (not failed)."""
+        ...
+
+    def verify_later(self, conn: Connection, *, row: OperationRecord, delay_seconds: float) -> None:
+        """Ask again later (``next_attempt_at`` of an ``applied`` row), on the revision read."""
+        ...
+
+    def record_verification(
+        self, conn: Connection, *, row: OperationRecord, verified: bool
+    ) -> bool:
+        """``applied -> verified``, or ``applied`` with ``verification_failed``, on the
+        revision read. False when another actor moved the row first."""
+        ...
+
+    def replication(self, conn: Connection) -> tuple[int, str, str] | None:
+        """The server's physical standbys, ``synchronous_standby_names`` and
+        ``synchronous_commit`` (None where there is no replication: SQLite)."""
+        ...
+
+    def take_cluster_lock(self, conn: Connection, key: int) -> bool:
+        """Whether this transaction now holds the cluster-wide lock ``key`` (False:
+        another replica's run does). It ends with the transaction."""
+        ...
+
+    def count_by_status(
+        self, conn: Connection, statuses: Sequence[OperationStatus]
+    ) -> dict[str, int]:
+        """Operations per status (0 where none)."""
+        ...
+
+    def blocked_by_reason(self, conn: Connection) -> dict[str, int]:
+        """``blocked`` operations per reason."""
+        ...
+
+    def oldest_due_pending_age(self, conn: Connection) -> float:
+        """Seconds the longest-waiting *due* pending operation has waited since it became
+        due (its ``next_attempt_at``, or its creation when it has none); 0 when none."""
         ...
 
     # -- the authority -------------------------------------------------------------------

@@ -258,6 +258,19 @@ class PostgresStore(CommonStatements):
     def fencing_token(self, conn: Connection) -> int:
         return int(conn.execute(sa.select(token_expression())).scalar_one())
 
+    def replication(self, conn: Connection) -> tuple[int, str, str] | None:
+        # physical standbys only: a logical walsender (a CDC reader) is connected to a
+        # database, and is no failover target
+        standbys = int(conn.execute(sa.text(
+            "SELECT count(*) FROM pg_stat_replication r JOIN pg_stat_activity a"
+            " ON a.pid = r.pid WHERE a.datname IS NULL")).scalar_one())
+        names = str(conn.execute(sa.text("SHOW synchronous_standby_names")).scalar_one())
+        commit = str(conn.execute(sa.text("SHOW synchronous_commit")).scalar_one())
+        return standbys, names, commit
+
+    def take_cluster_lock(self, conn: Connection, key: int) -> bool:
+        return bool(conn.execute(sa.select(sa.func.pg_try_advisory_xact_lock(key))).scalar())
+
     def claim(
         self, conn: Connection, *, worker: str, limit: int, lease_seconds: float
     ) -> Claimed:

@@ -38,6 +38,14 @@ class SQLiteStore(CommonStatements):
     raw_times = True
     skip_locked = False
 
+    def replication(self, conn: Connection) -> tuple[int, str, str] | None:
+        """None: a SQLite file has no standbys."""
+        return None
+
+    def take_cluster_lock(self, conn: Connection, key: int) -> bool:
+        """Always had: SQLite has one writer at a time anyway."""
+        return True
+
     def fencing_token(self, conn: Connection) -> int:
         """A fresh value of the monotonic fencing counter (the ``fencing`` row)."""
         meta = schema.meta

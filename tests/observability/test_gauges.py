@@ -20,6 +20,7 @@ from dispatcher import status
 from dispatcher.config import load_config
 from dispatcher.maintenance import gauges
 from dispatcher.observability.metrics import REGISTRY
+from dispatcher.store import common
 from outbox import db, schema
 from outbox.types import db_now
 from tests.support.daemon import REPO_ROOT, write_config
@@ -149,9 +150,9 @@ def _scans(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
 @pytest.mark.postgres
 def test_gauge_queries_use_indexes_bounded_by_the_backlog(big_pg: Engine) -> None:
     per_refresh = {
-        "non-terminal counts": gauges.count_statement(gauges.NON_TERMINAL),
-        "blocked by reason": gauges.blocked_statement(),
-        "oldest due pending": gauges.oldest_due_pending_statement(),
+        "non-terminal counts": common.count_statement(gauges.NON_TERMINAL),
+        "blocked by reason": common.blocked_statement(),
+        "oldest due pending": common.oldest_due_pending_statement(),
     }
     with big_pg.connect() as conn:
         for what, stmt in per_refresh.items():

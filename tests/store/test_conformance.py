@@ -362,3 +362,78 @@ def test_approvals_are_read_and_consumed_once(engine: Engine, store: Store) -> N
     with tx(engine) as conn:
         (after,) = store.approvals_for(conn, [(TENANT, op_id)])
     assert after["consumed_fencing_token"] == 7 and after["consumed_at"] is not None
+
+
+# -- the verifier, the cluster's jobs, the gauges ----------------------------------------
+def _applied(engine: Engine, store: Store, count: int) -> list[OperationRecord]:
+    stage(engine, count, prefix="v")
+    token, claimed = claim(engine, store)
+    mark(engine, store, token, claimed)
+    with tx(engine) as conn:
+        store.record_many(conn, token=token, actor="w1",
+                          items=[_recorded(o, token, S.APPLIED) for o in claimed])
+        return store.verification_due(conn, ["sim"], limit=10)
+
+
+def test_verification_is_recorded_once_on_the_revision_read(engine: Engine, store: Store) -> None:
+    good, bad, later = _applied(engine, store, 3)
+    with tx(engine) as conn:
+        assert store.verification_due(conn, ["other-provider"], limit=10) == []
+        assert store.record_verification(conn, row=good, verified=True)
+        assert not store.record_verification(conn, row=good, verified=False)  # moved on
+        assert store.record_verification(conn, row=bad, verified=False)
+        store.verify_later(conn, row=later, delay_seconds=3600)
+    with tx(engine) as conn:
+        assert store.verification_due(conn, ["sim"], limit=10) == []  # failed, or not yet
+    assert operation(engine, good.operation_id)["status"] == "verified"
+    failed = operation(engine, bad.operation_id)
+    assert (failed["status"], failed["status_reason"]) == ("applied", "verification_failed")
+    with tx(engine) as conn:
+        store.publish_verifiers(conn, {"sim": True, "other": False})
+        store.publish_verifiers(conn, {"sim": False})  # published again: replaced
+    published = {r["name"]: r["value"] for r in rows(
+        engine, "SELECT name, value FROM outbox_meta WHERE name LIKE 'verifier:%'")}
+    assert published == {"verifier:sim": "0", "verifier:other": "0"}
+
+
+def test_a_cluster_lock_is_held_by_one_transaction_at_a_time(
+    engine: Engine, store: Store
+) -> None:
+    """PostgreSQL: an advisory lock that ends with its transaction; SQLite has one writer
+    at a time anyway, so the lock is always had."""
+    key = 0x6F7574626F7800FF
+    with tx(engine) as first:
+        assert store.take_cluster_lock(first, key)
+        if engine.dialect.name == "postgresql":
+            with tx(engine) as second:
+                assert not store.take_cluster_lock(second, key)
+    with tx(engine) as again:
+        assert store.take_cluster_lock(again, key)
+
+
+def test_the_gauges_counts(engine: Engine, store: Store) -> None:
+    stage(engine, 3)
+    token, (a, b) = claim(engine, store, limit=2)
+    with tx(engine) as conn:
+        store.transition_many(conn, token=token, expected=S.CLAIMED, items=[
+            Transition(a.id, a.state_revision, S.BLOCKED, "approval_missing"),
+            Transition(b.id, b.state_revision, S.BLOCKED, None)])
+    with tx(engine) as conn:
+        counts = store.count_by_status(conn, [S.PENDING, S.BLOCKED, S.UNKNOWN])
+        reasons = store.blocked_by_reason(conn)
+        age = store.oldest_due_pending_age(conn)
+    assert counts == {"pending": 1, "blocked": 2, "unknown": 0}
+    assert reasons == {"approval_missing": 1, "unspecified": 1}
+    assert 0.0 <= age < 60
+
+
+def test_replication_is_read_where_there_is_a_server(engine: Engine, store: Store) -> None:
+    with tx(engine) as conn:
+        found = store.replication(conn)
+    if engine.dialect.name == "sqlite":
+        assert found is None
+        return
+    assert found is not None
+    standbys, names, commit = found
+    assert standbys == 0 and names == "" and commit in ("on", "off", "local", "remote_write",
+                                                         "remote_apply")
