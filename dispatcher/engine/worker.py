@@ -120,8 +120,10 @@ class Worker:
         must hold until the mark commits (an approval to consume, a task budget to count)
         and on SQLite (one writer); otherwise, on PostgreSQL, each statement on its own
         (autocommit): the reads and the mark — a single statement with its events — then
-        cost no BEGIN and COMMIT round trips."""
-        if self._one_statement is self.engine or self.authority.needs_lock(rows, task_rows):
+        cost no BEGIN and COMMIT round trips. Asked on SQLite too: where nothing locks, the
+        checks use the task rows the claim read instead of reading them again."""
+        locking = self.authority.needs_lock(rows, task_rows)
+        if locking or self._one_statement is self.engine:
             return self.engine.begin()
         return self._one_statement.connect()
 

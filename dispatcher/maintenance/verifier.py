@@ -32,7 +32,6 @@ from sqlalchemy.engine import Engine
 
 from dispatcher.engine import failpoints
 from dispatcher.store import journal, store_for
-from outbox import schema
 from outbox.protection.envelopes import Protection, open_receipt
 from outbox.records import OperationRecord
 from outbox.recovery import VERIFICATION_FAILED
@@ -41,7 +40,6 @@ from providers.base import Provider, Verifying, VerifyKind, VerifyResult, verifi
 
 log = logging.getLogger("outboxd.verifier")
 S = OperationStatus
-ops = schema.operations
 RETRY_SECONDS = 5.0
 DEFAULT_LIMIT = 200
 
