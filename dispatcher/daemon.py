@@ -37,7 +37,6 @@ from dispatcher.maintenance.retention import RetentionJob
 from dispatcher.maintenance.verifier import Verifier
 from dispatcher.observability import endpoint, metrics
 from outbox import db, migrate
-from outbox.ddl import NOTIFY_CHANNEL
 from outbox.errors import ConfigError, MigrationError
 from outbox.stop_signals import StopSignals
 from providers.base import Provider
@@ -342,7 +341,7 @@ class Daemon:
         if self.engine.dialect.name != "postgresql" or self.config.database.pooler != "none":
             return
         with self.engine.connect() as conn:
-            server_port = conn.exec_driver_sql("SELECT inet_server_port()").scalar()
+            server_port = self.worker.store.server_port(conn)
             dbapi = conn.connection.dbapi_connection
             client_port = getattr(getattr(dbapi, "info", None), "port", None)
         if server_port is None or client_port is None or int(client_port) == int(server_port):
@@ -360,7 +359,7 @@ class Daemon:
         behind a transaction pooler without a listen_url, where a LISTEN would hold a server
         connection the pooler hands to others and hear nothing."""
         d = self.config.database
-        if self.engine.dialect.name != "postgresql" or not self.config.dispatcher.listen:
+        if self.worker.store.listen_statement is None or not self.config.dispatcher.listen:
             return None
         if d.listen_url is None and d.pooler == "transaction":
             warning = ("LISTEN is off: database.pooler = transaction and no database.listen_url"
@@ -392,10 +391,13 @@ class Daemon:
     def _listen(self, cargs: list[Any], cparams: dict[str, Any]) -> None:
         import psycopg
 
+        statement = self.worker.store.listen_statement
+        assert statement is not None  # _listen_args said so
+
         while not self.stopping.is_set():
             try:
                 with psycopg.connect(*cargs, **cparams) as conn:
-                    conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
+                    conn.execute(statement)
                     while not self.stopping.is_set():
                         for _ in conn.notifies(timeout=1.0, stop_after=1):
                             self.worker.kick.set()

@@ -14,8 +14,8 @@ from typing import Any
 
 from dispatcher.cli import common as cli
 from dispatcher.maintenance.retention import RetentionJob
+from dispatcher.store import store_for
 from outbox import db
-from outbox.retention import erase_tenant
 
 
 def _engine(args: argparse.Namespace) -> tuple[Any, Any]:
@@ -40,8 +40,9 @@ def cmd_purge(args: argparse.Namespace) -> int:
 def cmd_erase(args: argparse.Namespace) -> int:
     _, engine = _engine(args)
     try:
-        counts = erase_tenant(engine, args.tenant, actor=args.actor, reason=args.reason,
-                              dry_run=args.dry_run)
+        with engine.begin() as conn:
+            counts = store_for(engine.dialect.name).erase_tenant(
+                conn, args.tenant, actor=args.actor, reason=args.reason, dry_run=args.dry_run)
     finally:
         engine.dispose()
     print(json.dumps(counts.as_dict(), indent=2))

@@ -1,4 +1,5 @@
-"""The retention job: :func:`outbox.retention.purge` on APScheduler, once per cluster.
+"""The retention job: the store's purge (:mod:`dispatcher.store.retention`) on APScheduler,
+once per cluster.
 
 Each run is one transaction, and one replica's at a time however many run the job: it
 first takes its cluster lock (:mod:`.cluster_lock`) and does nothing while another
@@ -23,7 +24,8 @@ from sqlalchemy.engine import Engine
 from dispatcher.config import RetentionConfig
 from dispatcher.maintenance import cluster_lock
 from dispatcher.maintenance.cluster_lock import ClusterLock
-from outbox.retention import ACTOR, PurgeCounts, purge
+from dispatcher.store import store_for
+from dispatcher.store.retention import ACTOR, PurgeCounts
 
 log = logging.getLogger("outboxd.retention")
 
@@ -40,7 +42,8 @@ class RetentionJob:
             if not cluster_lock.take(conn, ClusterLock.RETENTION):
                 log.info("retention purge skipped: another replica is purging")
                 return None
-            counts = purge(conn, self.config, now=now, dry_run=dry_run, actor=self.actor)
+            counts = store_for(conn.dialect.name).purge(
+                conn, self.config, now=now, dry_run=dry_run, actor=self.actor)
         changed = {k: v for k, v in counts.as_dict().items() if v and k != "dry_run"}
         if changed or dry_run:
             # counts only: never a payload, tenant or operation identifier

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Iterable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from datetime import datetime
 from typing import Any
 
@@ -13,6 +14,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 
+from dispatcher.store import retention
 from dispatcher.store.transitions import Transition
 from outbox import schema
 from outbox.records import OperationRecord, raw_operation_columns
@@ -523,6 +525,28 @@ class CommonStatements:
         ).rowcount)
 
     # -- the gauges ----------------------------------------------------------------------
+    def retention_path(self, conn: Connection) -> AbstractContextManager[None]:
+        raise NotImplementedError  # each dialect's store opens it its own way
+
+    def purge(
+        self,
+        conn: Connection,
+        periods: retention.RetentionPeriods,
+        *,
+        now: datetime | None = None,
+        dry_run: bool = False,
+        limit: int = retention.DEFAULT_LIMIT,
+        actor: str = retention.ACTOR,
+    ) -> retention.PurgeCounts:
+        return retention.purge(conn, periods, retention_path=self.retention_path, now=now,
+                               dry_run=dry_run, limit=limit, actor=actor)
+
+    def erase_tenant(
+        self, conn: Connection, tenant_id: str, *, actor: str, reason: str, dry_run: bool = False
+    ) -> retention.EraseCounts:
+        return retention.erase_tenant(conn, tenant_id, retention_path=self.retention_path,
+                                      actor=actor, reason=reason, dry_run=dry_run)
+
     def count_by_status(
         self, conn: Connection, statuses: Sequence[OperationStatus]
     ) -> dict[str, int]:

@@ -19,11 +19,19 @@ clock (:class:`outbox.types.db_now`).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager
 from datetime import datetime
 from typing import Any, Protocol
 
 from sqlalchemy.engine import Connection
 
+from dispatcher.store.retention import (
+    ACTOR,
+    DEFAULT_LIMIT,
+    EraseCounts,
+    PurgeCounts,
+    RetentionPeriods,
+)
 from dispatcher.store.transitions import Claimed, Dispatching, Recorded, Transition
 from outbox.records import OperationRecord
 from outbox.states import OperationStatus
@@ -192,6 +200,42 @@ class Store(Protocol):
     def oldest_due_pending_age(self, conn: Connection) -> float:
         """Seconds the longest-waiting *due* pending operation has waited since it became
         due (its ``next_attempt_at``, or its creation when it has none); 0 when none."""
+        ...
+
+    # -- retention -----------------------------------------------------------------------
+    def retention_path(self, conn: Connection) -> AbstractContextManager[None]:
+        """Open the database rules' retention path for the rest of the block, in the
+        caller's transaction (the only way a purge may change evidence)."""
+        ...
+
+    def purge(
+        self,
+        conn: Connection,
+        periods: RetentionPeriods,
+        *,
+        now: datetime | None = None,
+        dry_run: bool = False,
+        limit: int = DEFAULT_LIMIT,
+        actor: str = ACTOR,
+    ) -> PurgeCounts:
+        """Apply the retention periods once (:func:`dispatcher.store.retention.purge`)."""
+        ...
+
+    def erase_tenant(
+        self, conn: Connection, tenant_id: str, *, actor: str, reason: str, dry_run: bool = False
+    ) -> EraseCounts:
+        """Remove one tenant's bodies and personal data, keeping minimised evidence
+        (:func:`dispatcher.store.retention.erase_tenant`)."""
+        ...
+
+    # -- the server ----------------------------------------------------------------------
+    listen_statement: str | None
+    """The statement that subscribes a connection to new-row notifications (PostgreSQL
+    ``LISTEN``); None where there are none and the dispatcher polls (SQLite)."""
+
+    def server_port(self, conn: Connection) -> int | None:
+        """The port the database server listens on (None: a file, or a Unix socket), to
+        tell whether a pooler or proxy sits between the dispatcher and the server."""
         ...
 
     # -- the authority -------------------------------------------------------------------

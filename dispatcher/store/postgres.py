@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import sqlalchemy as sa
@@ -36,6 +37,7 @@ from dispatcher.store.common import (
 )
 from dispatcher.store.transitions import Claimed, Dispatching, Recorded
 from outbox import schema
+from outbox.ddl import NOTIFY_CHANNEL
 from outbox.records import OPERATION_FIELDS, OperationRecord, raw_operation_columns
 from outbox.states import OperationStatus, checked_move
 from outbox.types import db_now
@@ -257,6 +259,20 @@ class PostgresStore(CommonStatements):
 
     def fencing_token(self, conn: Connection) -> int:
         return int(conn.execute(sa.select(token_expression())).scalar_one())
+
+    @contextmanager
+    def retention_path(self, conn: Connection) -> Iterator[None]:
+        """``SET LOCAL outbox.retention_purge``: on an error the transaction is aborted
+        and the local setting goes with it."""
+        conn.execute(sa.select(sa.func.set_config("outbox.retention_purge", "on", True)))
+        yield
+        conn.execute(sa.select(sa.func.set_config("outbox.retention_purge", "off", True)))
+
+    listen_statement: str | None = f"LISTEN {NOTIFY_CHANNEL}"
+
+    def server_port(self, conn: Connection) -> int | None:
+        port = conn.exec_driver_sql("SELECT inet_server_port()").scalar()
+        return None if port is None else int(port)
 
     def replication(self, conn: Connection) -> tuple[int, str, str] | None:
         # physical standbys only: a logical walsender (a CDC reader) is connected to a

@@ -5,7 +5,8 @@ in the same transaction. The contract is :class:`dispatcher.store.interface.Stor
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
@@ -30,6 +31,7 @@ from outbox.states import OperationStatus
 
 ops = schema.operations
 tasks = schema.tasks
+meta = schema.meta
 S = OperationStatus
 
 
@@ -40,6 +42,24 @@ class SQLiteStore(CommonStatements):
 
     def replication(self, conn: Connection) -> tuple[int, str, str] | None:
         """None: a SQLite file has no standbys."""
+        return None
+
+    @contextmanager
+    def retention_path(self, conn: Connection) -> Iterator[None]:
+        """A transient ``outbox_meta`` flag row the database rules look for."""
+        flag = meta.c.tenant_id == "*", meta.c.name == "retention_purge"
+        conn.execute(sa.delete(meta).where(*flag))
+        conn.execute(sa.insert(meta).values(tenant_id="*", name="retention_purge", value="1"))
+        try:
+            yield
+        finally:
+            conn.execute(sa.delete(meta).where(*flag))
+
+    listen_statement: str | None = None
+    """No notifications: a SQLite file is polled."""
+
+    def server_port(self, conn: Connection) -> int | None:
+        """None: no server."""
         return None
 
     def take_cluster_lock(self, conn: Connection, key: int) -> bool:

@@ -12,19 +12,35 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Connection, Engine
 
 from dispatcher.config import RetentionConfig
 from dispatcher.maintenance.cluster_lock import ClusterLock
 from dispatcher.maintenance.retention import RetentionJob
+from dispatcher.store import store_for
+from dispatcher.store.retention import EraseCounts, ErasureRefused, PurgeCounts
 from outbox import api, db, errors
 from outbox.db import mapped_errors
-from outbox.retention import ErasureRefused, erase_tenant, purge, retention_path
 from outbox.types import db_now
 from tests.dispatcher import PROVIDER, rows
 from tests.security import SecureDb, secure_db  # noqa: F401  (fixture)
 from tests.support.daemon import http_provider, run_once, write_config
 from tests.support.sim import SimProcess
+
+
+def purge(engine: Engine, periods: Any, **kw: Any) -> PurgeCounts:
+    """The store's purge in a transaction of its own, as the retention job runs it."""
+    with engine.begin() as conn:
+        return store_for(engine.dialect.name).purge(conn, periods, **kw)
+
+
+def erase_tenant(engine: Engine, tenant_id: str, **kw: Any) -> EraseCounts:
+    with engine.begin() as conn:
+        return store_for(engine.dialect.name).erase_tenant(conn, tenant_id, **kw)
+
+
+def retention_path(conn: Connection) -> Any:
+    return store_for(conn.dialect.name).retention_path(conn)
 
 CANARY = "canary-7f3e9c1d-retention"
 PERIODS = RetentionConfig(payload_days=30, receipt_days=30, attempts_days=730,

@@ -2,7 +2,7 @@
 claims (eligibility, order, exclusivity, one fresh token per batch), the dispatching mark
 (fenced on token, revision and status; deadlines and cancellation on the database clock),
 recording (fenced, events and attempt rows), plain transitions, lease extension, the
-fencing counter and the database clock. Real databases; no daemon."""
+fencing counter and the database clock, retention, the server. Real databases; no daemon."""
 
 from __future__ import annotations
 
@@ -16,9 +16,11 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
+from dispatcher.config import RetentionConfig
 from dispatcher.store import Store, journal, store_for
 from dispatcher.store.transitions import Recorded, Transition
 from outbox.api import cancel_task
+from outbox.ddl import NOTIFY_CHANNEL
 from outbox.records import OperationRecord
 from outbox.states import OperationStatus
 from tests.dispatcher import TENANT, events_of, operation, rows, stage
@@ -437,3 +439,41 @@ def test_replication_is_read_where_there_is_a_server(engine: Engine, store: Stor
     standbys, names, commit = found
     assert standbys == 0 and names == "" and commit in ("on", "off", "local", "remote_write",
                                                          "remote_apply")
+
+
+def test_a_purge_changes_evidence_only_through_the_retention_path(
+    engine: Engine, store: Store
+) -> None:
+    """A finished operation's payload is replaced by ``null`` (its digest kept) only inside
+    the store's retention path; the same write outside it is refused by the database."""
+    stage(engine, 1)
+    token, (op,) = claim(engine, store)
+    mark(engine, store, token, [op])
+    with tx(engine) as conn:
+        store.record_many(conn, token=token, items=[_recorded(op, token, S.APPLIED)], actor="w1")
+    with pytest.raises(sa.exc.DBAPIError), tx(engine) as conn:
+        conn.execute(sa.text("UPDATE outbox_operations SET payload = 'null' WHERE id = :id"),
+                     {"id": op.id})
+    periods = RetentionConfig(payload_days=1, receipt_days=1)
+    later = datetime.now(UTC) + timedelta(days=2)
+    with tx(engine) as conn:
+        assert store.purge(conn, periods, now=later, dry_run=True).payloads == 1
+    assert operation(engine, op.operation_id)["payload_purged_at"] is None
+    with tx(engine) as conn:
+        counts = store.purge(conn, periods, now=later)
+    assert (counts.payloads, counts.receipts) == (1, 1)
+    row = operation(engine, op.operation_id)
+    assert row["payload_purged_at"] is not None and row["receipt"] is None
+    assert row["payload_digest"] and row["status"] == "applied"
+    with tx(engine) as conn:  # idempotent
+        assert store.purge(conn, periods, now=later).payloads == 0
+
+
+def test_where_the_server_is_and_how_new_rows_are_heard(engine: Engine, store: Store) -> None:
+    with tx(engine) as conn:
+        port = store.server_port(conn)
+    if engine.dialect.name == "sqlite":
+        assert (port, store.listen_statement) == (None, None)
+        return
+    assert port == engine.url.port
+    assert store.listen_statement == f"LISTEN {NOTIFY_CHANNEL}"

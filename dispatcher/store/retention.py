@@ -23,21 +23,22 @@
 (payloads, receipts, task state, event details, attempt evidence, approval reasons) and
 keeps the minimised effect evidence: ids, digests, statuses, actors and timestamps.
 
-Writes go through the retention path the database rules allow (PostgreSQL: ``SET LOCAL
+Writes go through the retention path the database rules allow, which each store opens its
+own way (:meth:`dispatcher.store.interface.Store.retention_path` — PostgreSQL: ``SET LOCAL
 outbox.retention_purge = 'on'``; SQLite: a transient ``outbox_meta`` row); on PostgreSQL
-the role must be the retention role (or the owner). See docs/security-model.md.
+the role must be the retention role (or the owner). See docs/security-model.md. Callers go
+through the store (``store.purge``, ``store.erase_tenant``), in one transaction of theirs.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol
 
 import sqlalchemy as sa
-from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.engine import Connection
 
 from outbox import errors, schema
 from outbox.digest import payload_digest
@@ -53,7 +54,6 @@ DEFAULT_LIMIT = 10_000
 _FINISHED = sorted(s.value for s in TERMINAL)
 _RESUMABLE = [OperationStatus.PENDING.value, OperationStatus.BLOCKED.value]
 _IN_FLIGHT = ["claimed", "dispatching", "unknown"]
-T = TypeVar("T")
 
 
 class RetentionPeriods(Protocol):
@@ -94,28 +94,12 @@ class PurgeCounts:
         return asdict(self)
 
 
-def _run(target: Engine | Connection, fn: Callable[[Connection], T]) -> T:
-    if isinstance(target, Engine):
-        with target.begin() as conn:
-            return fn(conn)
-    return fn(target)
+class RetentionPath(Protocol):
+    """Opens the database rules' retention path for the rest of a block, in the same
+    transaction (each store's ``retention_path``: a ``SET LOCAL`` on PostgreSQL, a
+    transient ``outbox_meta`` row on SQLite)."""
 
-
-@contextmanager
-def retention_path(conn: Connection) -> Iterator[None]:
-    """Open the database rules' retention path for the rest of this block (same transaction)."""
-    if conn.dialect.name == "postgresql":
-        conn.execute(sa.select(sa.func.set_config("outbox.retention_purge", "on", True)))
-        yield  # on an error the transaction is aborted and the local setting goes with it
-        conn.execute(sa.select(sa.func.set_config("outbox.retention_purge", "off", True)))
-        return
-    flag = meta.c.tenant_id == "*", meta.c.name == "retention_purge"
-    conn.execute(sa.delete(meta).where(*flag))
-    conn.execute(sa.insert(meta).values(tenant_id="*", name="retention_purge", value="1"))
-    try:
-        yield
-    finally:
-        conn.execute(sa.delete(meta).where(*flag))
+    def __call__(self, conn: Connection) -> AbstractContextManager[None]: ...
 
 
 def _held(tenant: Any, task: Any) -> Any:
@@ -188,17 +172,18 @@ def _block(conn: Connection, where: Any, reason: str, actor: str, limit: int) ->
 
 
 def purge(
-    target: Engine | Connection,
+    conn: Connection,
     config: RetentionPeriods,
     *,
+    retention_path: RetentionPath,
     now: datetime | None = None,
     dry_run: bool = False,
     limit: int = DEFAULT_LIMIT,
     actor: str = ACTOR,
 ) -> PurgeCounts:
-    """Apply the retention periods once (one transaction; at most ``limit`` rows per record
-    type, the rest next run). ``now`` defaults to the database clock. ``dry_run`` counts
-    what would change and changes nothing. Returns the counts."""
+    """Apply the retention periods once (in the caller's transaction; at most ``limit`` rows
+    per record type, the rest next run). ``now`` defaults to the database clock.
+    ``dry_run`` counts what would change and changes nothing. Returns the counts."""
 
     def run(conn: Connection) -> PurgeCounts:
         at = now or conn.execute(sa.select(db_now())).scalar_one()
@@ -256,7 +241,7 @@ def purge(
                            attempts=deleted[0], events=deleted[1], approvals=deleted[2],
                            retention_expired=blocked, **common)
 
-    return _run(target, run)
+    return run(conn)
 
 
 @dataclass(frozen=True)
@@ -278,9 +263,10 @@ class EraseCounts:
 
 
 def erase_tenant(
-    target: Engine | Connection,
+    conn: Connection,
     tenant_id: str,
     *,
+    retention_path: RetentionPath,
     actor: str,
     reason: str,
     dry_run: bool = False,
@@ -349,4 +335,4 @@ def erase_tenant(
                 detail={k: v for k, v in counts.items() if isinstance(v, int)}))
         return EraseCounts(**counts)
 
-    return _run(target, run)
+    return run(conn)
