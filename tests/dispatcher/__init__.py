@@ -274,6 +274,11 @@ def on(dialect: str, *values: Any) -> Any:
     return pytest.param(dialect, *values, marks=marks, id="-".join([dialect, *map(str, values)]))
 
 
+def both(*values: Any) -> list[Any]:
+    """The same scenario on each dialect: every dispatcher scenario runs on both."""
+    return [on("sqlite", *values), on("postgres", *values)]
+
+
 def url_for(request: pytest.FixtureRequest, dialect: str) -> str:
     url = request.getfixturevalue("sqlite_url" if dialect == "sqlite" else "pg_url")
     assert isinstance(url, str)

@@ -10,11 +10,11 @@ from sqlalchemy.engine import Engine
 
 from tests.dispatcher import (
     attempts_of,
+    both,
     config,
     engine_at,
     failpoints,
     key_of,
-    on,
     operation,
     stage,
     transitions,
@@ -27,7 +27,7 @@ MAX_ATTEMPTS = 3
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("dialect", [on("postgres")])
+@pytest.mark.parametrize("dialect", both())
 def test_budget_is_not_reset_by_a_daemon_killed_after_every_attempt(
     request: pytest.FixtureRequest, tmp_path: Path, dialect: str
 ) -> None:

@@ -16,13 +16,13 @@ from tests.dispatcher import (
     all_status,
     assert_once_each,
     attempts_of,
+    both,
     config,
     db_now,
     engine_at,
     events_of,
     failpoints,
     is_stopped,
-    on,
     operation,
     stage,
     status_of,
@@ -47,7 +47,7 @@ def stop_until_window_passed(engine: Engine, d: DaemonProcess, op_id: str) -> No
     wait_until(lambda: window_passed(engine, op_id), timeout=10, message="window passed")
 
 
-@pytest.mark.parametrize("dialect", [on("sqlite")])
+@pytest.mark.parametrize("dialect", both())
 def test_ambiguous_outcome_recorded_after_the_window_goes_to_lookup(
     request: pytest.FixtureRequest, tmp_path: Path, dialect: str
 ) -> None:
@@ -77,7 +77,7 @@ def _ambiguous_outcome_recorded_after_the_window_goes_to_lookup(
     assert [a["result_class"] for a in attempts_of(engine, op_id)] == ["ambiguous"]
 
 
-@pytest.mark.parametrize("dialect", [on("postgres")])
+@pytest.mark.parametrize("dialect", both())
 def test_blind_retry_claimed_after_the_window_is_refused_before_sending(
     request: pytest.FixtureRequest, tmp_path: Path, dialect: str
 ) -> None:
@@ -115,7 +115,7 @@ def _blind_retry_claimed_after_the_window_is_refused_before_sending(
     assert row["attempts"] == 1
 
 
-@pytest.mark.parametrize(("dialect", "mode"), [on("postgres", "lookup"), on("sqlite", "no-lookup")])
+@pytest.mark.parametrize(("dialect", "mode"), [*both("lookup"), *both("no-lookup")])
 def test_replica_stopped_past_the_window_is_taken_over_without_resending(
     request: pytest.FixtureRequest, tmp_path: Path, dialect: str, mode: str
 ) -> None:

@@ -15,10 +15,10 @@ from tests.dispatcher import (
     all_status,
     assert_once_each,
     attempts_of,
+    both,
     config,
     engine_at,
     events_of,
-    on,
     stage,
     url_for,
 )
@@ -34,7 +34,7 @@ SIM = (
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("dialect", [on("postgres")])
+@pytest.mark.parametrize("dialect", both())
 def test_every_ambiguous_attempt_is_reconciled_never_resent(
     request: pytest.FixtureRequest, tmp_path: Path, dialect: str
 ) -> None:

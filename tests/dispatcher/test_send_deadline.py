@@ -20,10 +20,10 @@ from tests.support.sim import SimProcess
 
 
 @pytest.mark.slow
-def test_blind_resend_delayed_past_the_window_is_not_sent(
-    sqlite_url: str, tmp_path: Path
-) -> None:
-    engine = db.create_engine(sqlite_url)
+def test_blind_resend_delayed_past_the_window_is_not_sent(db_url: str, tmp_path: Path) -> None:
+    engine = db.create_engine(db_url)
+    two_seconds_ago = ("now() - interval '2 seconds'" if engine.dialect.name == "postgresql"
+                       else "strftime('%Y-%m-%d %H:%M:%f000', 'now', '-2 seconds')")
     try:
         with engine.begin() as conn:
             outbox.enqueue(conn, tenant_id="t", task_id="k", operation_id="op",
@@ -32,9 +32,9 @@ def test_blind_resend_delayed_past_the_window_is_not_sent(
             # 10 s window less 10% margin it must leave within the next 7 seconds.
             conn.execute(sa.text(
                 "UPDATE outbox_operations SET last_outcome = 'ambiguous', attempts = 1, "
-                "first_dispatched_at = strftime('%Y-%m-%d %H:%M:%f000', 'now', '-2 seconds')"))
+                f"first_dispatched_at = {two_seconds_ago}"))
         with SimProcess(tmp_path) as sim:
-            cfg = write_config(tmp_path, sqlite_url, {
+            cfg = write_config(tmp_path, db_url, {
                 "sim": http_provider(sim, dedup_retention_seconds=10)})
             result = run_once(cfg, env={"OUTBOXD_FAILPOINTS": "after_dispatching_commit=sleep:9"})
             assert result.returncode == 0, result.stderr[-2000:]

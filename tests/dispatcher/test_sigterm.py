@@ -14,9 +14,9 @@ from sqlalchemy.engine import Engine
 from tests.dispatcher import (
     all_status,
     assert_once_each,
+    both,
     config,
     engine_at,
-    on,
     stage,
     url_for,
 )
@@ -29,7 +29,7 @@ N = 12
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("dialect", "case"),
-    [on("postgres", "grace-covers-sends"), on("sqlite", "grace-shorter-than-sends")],
+    [*both("grace-covers-sends"), *both("grace-shorter-than-sends")],
 )
 def test_sigterm_exits_0_within_grace_and_loses_nothing(
     request: pytest.FixtureRequest, tmp_path: Path, dialect: str, case: str
