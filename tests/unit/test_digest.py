@@ -10,6 +10,7 @@ import uuid
 from typing import Any
 
 import pytest
+import rfc8785
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from sqlalchemy.engine import Engine
@@ -112,6 +113,60 @@ def test_digest_form(payload: dict[str, Any]) -> None:
     assert digest.startswith(DIGEST_PREFIX)
     assert digest == DIGEST_PREFIX + hashlib.sha256(canonical_json(payload)).hexdigest()
     assert len(digest) == len(DIGEST_PREFIX) + 64
+
+
+# Everything JSON can hold and some it cannot: any character (lone surrogates included),
+# keys above U+E000 and beyond the BMP (UTF-16 order differs there), floats, integers just
+# inside and outside the exact domain, non-string keys, a tuple, a str subclass.
+edge_ints = st.sampled_from([MAX_SAFE, -MAX_SAFE, MAX_SAFE + 1, -MAX_SAFE - 1, 0, 2**64])
+any_scalars = (st.none() | st.booleans() | st.integers() | edge_ints | st.floats()
+               | st.text(st.characters(), max_size=12))
+any_keys = (st.text(st.characters(), max_size=6)
+            | st.sampled_from(["\ue000", "\uffff", "\U0001f600", "\U00010000a", "a\ud800"])
+            | st.integers(max_value=9))
+any_values = st.recursive(
+    any_scalars,
+    lambda children: (st.lists(children, max_size=4)
+                      | st.tuples(children)
+                      | st.dictionaries(any_keys, children, max_size=5)),
+    max_leaves=20,
+)
+
+
+def _rfc8785_or_error(value: Any) -> bytes | type[Exception]:
+    try:
+        return bytes(rfc8785.dumps(value))
+    except Exception as exc:
+        return type(exc)
+
+
+def _ours_or_error(value: Any) -> bytes | type[Exception]:
+    try:
+        return canonical_json(value)
+    except Exception as exc:
+        return type(exc)
+
+
+@settings(max_examples=1500, deadline=None)
+@given(any_values)
+def test_canonical_json_is_the_rfc8785_librarys_bytes_or_its_error(value: Any) -> None:
+    """The fast path (the C encoder for float-free values) writes what ``rfc8785`` writes,
+    and refuses what it refuses with the same error."""
+    assert _ours_or_error(value) == _rfc8785_or_error(value)
+
+
+def test_canonical_json_edge_cases_agree_with_rfc8785() -> None:
+    class Name(str):
+        pass
+
+    cases: list[Any] = [
+        {"\ue000": 1, "\U0001f600": 2, "a": 3},  # UTF-16 order differs from code points
+        {"ctl": "\x00\x1f\x7f\u2028\u2029\b\f\n\r\t\"\\/"},
+        {"big": MAX_SAFE, "small": -MAX_SAFE}, {"big": MAX_SAFE + 1}, {"f": 1.0, "g": 1e21},
+        {"lone": "\ud800"}, {Name("k"): Name("v")}, {"t": (1, 2)}, {1: 2}, [], {}, "s", None,
+    ]
+    for value in cases:
+        assert _ours_or_error(value) == _rfc8785_or_error(value), value
 
 
 def test_known_vector() -> None:
