@@ -36,7 +36,7 @@ demo: $(STAMP) ## run the whole promise on the embedded SQLite default
 	$(BIN)/outboxd demo
 
 bench: $(STAMP) ## side-by-side throughput ratios (needs PostgreSQL); writes docs/bench-latest.md
-	$(BIN)/pip install -q 'procrastinate>=3'
+	$(BIN)/pip install -q 'procrastinate>=3' 'pgqueuer[asyncpg,psycopg]>=1.6,<2'
 	$(BIN)/python -m bench --out docs/bench-latest.md
 
 soak: $(STAMP) ## the long seeded chaos soak

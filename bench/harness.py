@@ -96,13 +96,27 @@ def fmt(value: float) -> str:
     return f"{value:,.2f}" if abs(value) < 100 else f"{value:,.0f}"
 
 
+def verdict(value: float, target: str) -> str:
+    """``met`` / ``not met`` for a target written ``>= X`` or ``<= X``; empty for any
+    other target (a figure only reported)."""
+    op, _, bound = target.partition(" ")
+    try:
+        limit = float(bound)
+    except ValueError:
+        return ""
+    if math.isnan(value) or op not in (">=", "<="):
+        return ""
+    ok = value >= limit if op == ">=" else value <= limit
+    return "met" if ok else "**not met**"
+
+
 def table(figures: list[Figure], ratios: list[tuple[str, float, str]]) -> str:
     lines = ["| figure | median | ± | unit | note |", "|---|---:|---:|---|---|"]
     for f in figures:
         lines.append(f"| {f.name} | {fmt(f.median)} | {fmt(f.spread)} | {f.unit} | {f.note} |")
-    lines += ["", "| ratio | value | target |", "|---|---:|---|"]
+    lines += ["", "| ratio or target | value | target | met? |", "|---|---:|---|---|"]
     for name, value, target in ratios:
-        lines.append(f"| {name} | {fmt(value)} | {target} |")
+        lines.append(f"| {name} | {fmt(value)} | {target} | {verdict(value, target)} |")
     return "\n".join(lines)
 
 

@@ -27,7 +27,9 @@ def test_harness_workloads_run(
     p50, p99, rate = latency.checkpoint_cost(f"sqlite:///{tmp_path}/cp.db", 20)
     assert 0 < p50 <= p99 and rate > 0
     table = harness.table([harness.Figure("x", "rows/s", [1.0, 2.0])], [("r", 0.5, ">= 1")])
-    assert "| x |" in table
+    assert "| x |" in table and "| r | 0.50 | >= 1 | **not met** |" in table
+    assert [harness.verdict(v, t) for v, t in [(1.0, ">= 1"), (0.2, "<= 0.1"), (3.0, "report")]
+            ] == ["met", "**not met**", ""]
 
 
 def test_phase_timing_runs(pg_admin_dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
