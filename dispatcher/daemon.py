@@ -42,6 +42,8 @@ from outbox.stop_signals import StopSignals
 from providers.base import Provider
 from providers.registry import build_providers, close_providers
 
+PREPARE_THRESHOLD = 5
+"""Executions of a statement on one connection before psycopg prepares it (its default)."""
 log = logging.getLogger("outboxd.daemon")
 MAX_BACKOFF_SECONDS = 5.0
 
@@ -166,7 +168,7 @@ class Daemon:
         if not self._wait_for_database():
             log.info("stopped before the database was reachable")
             return 0
-        self._guarded("pooler check", self._check_for_a_pooler)
+        self._guarded("statement preparation", self._choose_preparation)
         m = self.config.metrics
         metrics.init_labels(self.providers)
         if m.enabled and not once:
@@ -333,25 +335,52 @@ class Daemon:
             log.warning(warning)
             self.health.warnings.append(warning)
 
-    def _check_for_a_pooler(self) -> None:
+    def _choose_preparation(self) -> None:
+        """Prepare the daemon's statements server-side where nothing can hand them to
+        another client: PostgreSQL reached directly (``database.pooler = "none"`` and
+        :meth:`_check_for_a_pooler` finds no pooler) or through a session pooler, and no
+        ``prepare_threshold`` of the user's. Its few statements, each run once per batch,
+        are then parsed and planned once per connection instead of on every execution
+        (``make bench``: docs/performance.md). Anywhere else nothing is prepared
+        (:func:`outbox.db.driver_options`)."""
+        d = self.config.database
+        if self.engine.dialect.name != "postgresql" or d.pooler == "transaction":
+            return
+        direct = self._check_for_a_pooler()
+        if db.prepare_threshold_given(sa.engine.make_url(db.normalise_url(d.url)), d.options):
+            return  # the user's choice, applied by the engine already
+        if d.pooler == "none" and not direct:
+            return
+
+        def prepare(dbapi_connection: Any, _record: Any) -> None:
+            dbapi_connection.prepare_threshold = PREPARE_THRESHOLD
+
+        sa.event.listen(self.engine, "connect", prepare)
+        self.engine.dispose()  # the connections made so far reconnect with it
+        log.info("statements are prepared server-side",
+                 extra={"prepare_threshold": PREPARE_THRESHOLD})
+
+    def _check_for_a_pooler(self) -> bool:
         """Say so when something sits between this replica and PostgreSQL that
         ``database.pooler`` does not mention: the server's port is not the one connected
-        to. Prepared statements are off in any case (:func:`outbox.db.driver_options`);
-        what a transaction pooler would still break unseen is LISTEN."""
+        to (what a transaction pooler would break unseen is LISTEN, and prepared
+        statements, which are then not used). Returns whether the replica reaches the
+        server directly (True, too, for a declared pooler, which is not checked)."""
         if self.engine.dialect.name != "postgresql" or self.config.database.pooler != "none":
-            return
+            return True
         with self.engine.connect() as conn:
             server_port = self.worker.store.server_port(conn)
             dbapi = conn.connection.dbapi_connection
             client_port = getattr(getattr(dbapi, "info", None), "port", None)
         if server_port is None or client_port is None or int(client_port) == int(server_port):
-            return  # a Unix socket, or the server itself
+            return True  # a Unix socket, or the server itself
         warning = (f"connected to port {client_port} but the server listens on {server_port}:"
                    " a pooler or proxy sits in between; if it pools transactions (PgBouncer"
                    ' pool_mode = transaction), set database.pooler = "transaction", or'
                    " LISTEN through it hears nothing")
         log.warning(warning)
         self.health.warnings.append(warning)
+        return False
 
     def _listen_args(self) -> tuple[list[Any], dict[str, Any]] | None:
         """How the LISTEN connection connects: over ``database.listen_url`` when given, else

@@ -91,9 +91,10 @@ def driver_options(
     None, and is None (nothing prepared server-side) unless given: a prepared statement
     lives on one server connection, and a transaction pooler, configured or not, hands the
     next transaction another one, where the name is unknown or names another client's
-    statement (which, with matching parameters, would run). ``make bench`` measured no
-    throughput from preparing, so nothing is risked for nothing. Under
-    ``pooler = "transaction"`` a threshold is refused."""
+    statement (which, with matching parameters, would run). The daemon turns preparation
+    on for its own engine only where it has checked that no pooler sits in between
+    (``dispatcher.daemon.Daemon._choose_preparation``). Under ``pooler = "transaction"`` a
+    threshold is refused."""
     args: dict[str, Any] = dict(options or {})
     query = dict(url.query)
     if "prepare_threshold" in query:
@@ -106,6 +107,11 @@ def driver_options(
         raise ValueError('prepare_threshold cannot be used with pooler = "transaction"')
     args["prepare_threshold"] = None if raw == "none" else int(raw)
     return url, args
+
+
+def prepare_threshold_given(url: sa.URL, options: Mapping[str, str] | None) -> bool:
+    """Whether the user set ``prepare_threshold`` (in ``options`` or the URL's query)."""
+    return "prepare_threshold" in (options or {}) or "prepare_threshold" in url.query
 
 
 def create_engine(

@@ -116,3 +116,41 @@ def test_a_pooler_the_configuration_does_not_mention_is_said(
             finally:
                 daemon.worker.close()
                 daemon.engine.dispose()
+
+
+def _threshold(daemon: Any) -> int | None:
+    with daemon.engine.connect() as conn:
+        value = conn.connection.dbapi_connection.prepare_threshold
+    return None if value is None else int(value)
+
+
+def test_statements_are_prepared_only_where_no_pooler_can_hand_them_on(
+    bouncer_binary: str, tmp_path: Path, pg_url: str, pg_admin_dsn: str
+) -> None:
+    """Direct: prepared (psycopg's threshold). Through a pooler the configuration does not
+    mention, through a declared transaction pooler, or with the user's own
+    ``prepare_threshold``: as the engine was made (nothing prepared unless the user says).
+    A declared session pooler keeps a server connection per client: prepared."""
+    from dispatcher.config import load_config
+    from dispatcher.daemon import PREPARE_THRESHOLD, Daemon
+    from tests.support.daemon import write_config
+
+    with PgBouncer(tmp_path, upstream=pg_admin_dsn, mode="transaction") as tx, \
+            PgBouncer(tmp_path, upstream=pg_admin_dsn, mode="session") as session:
+        cases = [
+            (pg_url, {}, PREPARE_THRESHOLD),
+            (pg_url, {"options": {"prepare_threshold": "none"}}, None),
+            (pg_url, {"options": {"prepare_threshold": "0"}}, 0),
+            (tx.url_for(pg_url), {}, None),
+            (tx.url_for(pg_url), {"pooler": "transaction"}, None),
+            (session.url_for(pg_url), {"pooler": "session"}, PREPARE_THRESHOLD),
+        ]
+        for url, database, expected in cases:
+            path = write_config(tmp_path, url, {"sink": {"kind": "null"}}, database=database)
+            daemon = Daemon(load_config(path, env={}))
+            try:
+                daemon._choose_preparation()
+                assert _threshold(daemon) == expected, (url, database)
+            finally:
+                daemon.worker.close()
+                daemon.engine.dispose()

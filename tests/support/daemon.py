@@ -50,10 +50,11 @@ def write_config(
     dispatcher: Mapping[str, Any] | None = None,
     metrics: Mapping[str, Any] | None = None,
     name: str | None = None,
+    database: Mapping[str, Any] | None = None,
 ) -> Path:
     """Write an ``outboxd.toml`` and return its path. Metrics are off unless given."""
     sections: dict[str, Mapping[str, Any]] = {
-        "database": {"url": db_url},
+        "database": {"url": db_url, **(database or {})},
         "dispatcher": {"poll_interval_ms": 50, "reconcile_interval_seconds": 0.3,
                        "recovery_interval_seconds": 0.3, **(dispatcher or {})},
         "metrics": metrics or {"enabled": False},
