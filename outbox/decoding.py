@@ -19,7 +19,7 @@ import json
 import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
 MAX_JSON_DEPTH = 64
 """Containers nested inside each other, the outermost counting as 1."""
@@ -156,25 +156,41 @@ def register_pg_time_loaders(connection: Any) -> None:
     ``-infinity``, years after 9999 or before 1) read as the latest / earliest datetime
     instead of failing the whole statement: they compare the same way in the dispatcher
     (an ``infinity`` deadline never passes, a ``-infinity`` one has passed)."""
+    from psycopg import postgres
     from psycopg.errors import DataError
+    from psycopg.pq import Format
     from psycopg.types.datetime import TimestamptzBinaryLoader, TimestamptzLoader
 
+    # psycopg's own loaders (its C ones where psycopg[binary] is installed, which cannot be
+    # subclassed) do the parsing; only a value they refuse is looked at here
+    oid = postgres.types["timestamptz"].oid
+    fast_text = postgres.adapters.get_loader(oid, Format.TEXT) or TimestamptzLoader
+    fast_binary = postgres.adapters.get_loader(oid, Format.BINARY) or TimestamptzBinaryLoader
+
     class Clamped(TimestamptzLoader):
+        def __init__(self, oid: int, context: Any = None) -> None:
+            super().__init__(oid, context)
+            self._fast = fast_text(oid, context).load
+
         def load(self, data: Any) -> datetime:
-            raw = bytes(data)
-            if raw == b"infinity":
-                return LATEST
-            if raw == b"-infinity":
-                return EARLIEST
             try:
-                return super().load(data)
+                return cast(datetime, self._fast(data))
             except DataError:
+                raw = bytes(data)
+                if raw == b"infinity":
+                    return LATEST
+                if raw == b"-infinity":
+                    return EARLIEST
                 return EARLIEST if raw.endswith(b"BC") else LATEST
 
     class ClampedBinary(TimestamptzBinaryLoader):
+        def __init__(self, oid: int, context: Any = None) -> None:
+            super().__init__(oid, context)
+            self._fast = fast_binary(oid, context).load
+
         def load(self, data: Any) -> datetime:
             try:
-                return super().load(data)
+                return cast(datetime, self._fast(data))
             except DataError:
                 return EARLIEST if bytes(data)[:1] >= b"\x80" else LATEST
 
