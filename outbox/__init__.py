@@ -18,11 +18,13 @@ from outbox.errors import (
     PayloadMismatch,
     RevisionConflict,
     SecretInPayload,
+    WaitTimeout,
 )
 from outbox.records import OperationRecord, TaskRecord
 from outbox.recovery import RecoveryPlan, Step
 from outbox.recovery import plan as recovery_plan
 from outbox.states import OperationStatus
+from outbox.waiting import wait_for
 
 __all__ = [
     "CancelResult",
@@ -36,6 +38,7 @@ __all__ = [
     "StagedOperation",
     "Step",
     "TaskRecord",
+    "WaitTimeout",
     "advance",
     "approve",
     "cancel_task",
@@ -47,4 +50,5 @@ __all__ = [
     "payload_digest",
     "recovery_plan",
     "revoke",
+    "wait_for",
 ]

@@ -47,6 +47,10 @@ class OperationNotFound(OutboxError):
     """No such operation."""
 
 
+class WaitTimeout(OutboxError):
+    """The operation was not settled in time; it is still in the state named here."""
+
+
 class DuplicateIdempotencyKey(OutboxError):
     """Another operation of this tenant and provider already uses this idempotency key."""
 

@@ -68,6 +68,10 @@ TERMINAL: frozenset[OperationStatus] = frozenset({S.APPLIED, S.VERIFIED, S.REJEC
 
 NON_TERMINAL: frozenset[OperationStatus] = frozenset(set(S) - TERMINAL)
 
+SETTLED: frozenset[OperationStatus] = TERMINAL | {S.BLOCKED}
+"""States an agent can act on with no more work of the dispatcher's: finished, or waiting
+for a person (``outbox.wait_for`` returns in them; ``unknown`` only after a patience)."""
+
 #: Operator overrides (``outboxd ops resolve``/``requeue``/``cancel``): always recorded
 #: with actor, reason and evidence in ``outbox_events``.
 OVERRIDES: dict[OperationStatus, frozenset[OperationStatus]] = {

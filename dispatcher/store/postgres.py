@@ -37,14 +37,15 @@ from dispatcher.store.common import (
 )
 from dispatcher.store.transitions import Claimed, Dispatching, Recorded
 from outbox import schema
-from outbox.ddl import NOTIFY_CHANNEL
+from outbox.ddl import NOTIFY_CHANNEL, SETTLED_CHANNEL
 from outbox.records import OPERATION_FIELDS, OperationRecord, raw_operation_columns
-from outbox.states import OperationStatus, checked_move
+from outbox.states import SETTLED, OperationStatus, checked_move
 from outbox.types import db_now
 
 ops = schema.operations
 tasks = schema.tasks
 S = OperationStatus
+SETTLED_VALUES = sorted(s.value for s in SETTLED)
 
 TOKEN = sa.bindparam("token", type_=sa.BigInteger())
 ACTOR = sa.bindparam("actor", type_=sa.Text())
@@ -242,7 +243,12 @@ def record_statement(with_digest: bool) -> Any:
         )
         .cte("att")
     )
-    return sa.select(moved.c.id).add_cte(events).add_cte(attempts)
+    # each settled row wakes its waiters (outbox.wait_for) when the statement commits
+    settled: list[Any] = [sa.literal_column(f"'{v}'") for v in SETTLED_VALUES]
+    woken = sa.case((moved.c.status.in_(settled), sa.func.pg_notify(
+        SETTLED_CHANNEL, sa.cast(sa.func.json_build_array(moved.c.tenant_id,
+                                                          moved.c.operation_id), sa.Text))))
+    return sa.select(moved.c.id, woken).add_cte(events).add_cte(attempts)
 
 
 @functools.cache

@@ -1,0 +1,73 @@
+"""``outbox.wait_for``: the agent's way back to its receipt, on both dialects. The waiter is
+this test process; the dispatcher is an ``outboxd run`` process of its own."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from sqlalchemy.engine import Engine
+
+import outbox
+from outbox import errors
+from outbox.ddl import SETTLED_CHANNEL
+from tests.dispatcher import TENANT, config, drain_once, engine_at, stage
+from tests.support.daemon import DaemonProcess
+from tests.support.sim import SimProcess
+
+
+@pytest.mark.slow
+def test_a_waiter_in_another_process_gets_the_receipt_or_the_reason(
+    db_url: str, engine: Engine, tmp_path: Path
+) -> None:
+    (sent,) = stage(engine, 1, prefix="sent")
+    (held,) = stage(engine, 1, prefix="held", requires_approval=True)
+    with SimProcess(tmp_path) as sim, DaemonProcess(config(tmp_path, db_url, sim)):
+        applied = outbox.wait_for(engine, tenant_id=TENANT, operation_id=sent, timeout=60)
+        blocked = outbox.wait_for(engine, tenant_id=TENANT, operation_id=held, timeout=60)
+    assert applied.status is outbox.OperationStatus.APPLIED
+    assert applied.receipt  # what the receiver answered
+    assert (blocked.status, blocked.status_reason) == (outbox.OperationStatus.BLOCKED,
+                                                       "approval_missing")
+
+
+def test_a_wait_that_times_out_names_the_operation_and_its_state(engine: Engine) -> None:
+    (op,) = stage(engine, 1)
+    with pytest.raises(errors.WaitTimeout) as caught:
+        outbox.wait_for(engine, tenant_id=TENANT, operation_id=op, timeout=0.2)
+    assert (caught.value.operation_id, caught.value.status) == (op, "pending")
+    assert "pending" in str(caught.value) and op in str(caught.value)
+
+
+def test_waiting_for_nothing_or_inside_a_transaction_is_refused_at_once(engine: Engine) -> None:
+    with pytest.raises(errors.OperationNotFound):
+        outbox.wait_for(engine, tenant_id=TENANT, operation_id="no-such-op", timeout=30)
+    (op,) = stage(engine, 1)
+    with engine.begin() as conn, pytest.raises(errors.OutboxError, match="commit first"):
+        outbox.wait_for(conn, tenant_id=TENANT, operation_id=op, timeout=30)
+    with engine.connect() as conn, pytest.raises(errors.WaitTimeout):
+        outbox.wait_for(conn, tenant_id=TENANT, operation_id=op, timeout=0.1)
+    with pytest.raises(errors.InvalidPayload):
+        outbox.wait_for(engine, tenant_id=TENANT, operation_id=op, timeout=-1)
+
+
+@pytest.mark.slow
+@pytest.mark.postgres
+def test_the_record_step_notifies_each_operation_it_settles(pg_url: str, tmp_path: Path) -> None:
+    """The notification ``wait_for`` wakes on: sent by the record statement itself, one per
+    settled operation, delivered when it commits."""
+    import json
+
+    import psycopg
+
+    with engine_at(pg_url) as engine, psycopg.connect(
+            pg_url.replace("+psycopg", ""), autocommit=True) as listening:
+        listening.execute(f"LISTEN {SETTLED_CHANNEL}")
+        ids = stage(engine, 3)
+        with SimProcess(tmp_path) as sim:
+            drain_once(config(tmp_path, pg_url, sim))
+        heard = [json.loads(n.payload)
+                 for n in listening.notifies(timeout=10, stop_after=len(ids))]
+        assert sorted(map(tuple, heard)) == [(TENANT, i) for i in ids]
+        assert outbox.wait_for(engine, tenant_id=TENANT, operation_id=ids[0],
+                               timeout=5).receipt
