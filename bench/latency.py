@@ -3,14 +3,18 @@ an agent checkpoint (``advance()`` with one staged operation) on both dialects."
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+
+from sqlalchemy.engine import Engine
 
 import outbox
 from bench.daemon_runs import prepare, write_config
@@ -49,12 +53,13 @@ def percentile(values: list[float], p: float) -> float:
     return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
 
 
-def commit_to_send(
-    dsn: str, samples: int = 100, *, listen: bool = True, sqlite: str | None = None
-) -> tuple[float, float]:
-    """p50 and p99 milliseconds from the agent's COMMIT to the request arriving, one
-    operation every 10 ms. PostgreSQL (``dsn``) woken by NOTIFY, or polling
-    (``listen=False``); or a SQLite file (``sqlite``: its URL), which always polls."""
+@contextlib.contextmanager
+def _dispatching(
+    dsn: str, *, listen: bool = True, sqlite: str | None = None
+) -> Iterator[tuple[Engine, _Receiver]]:
+    """One ``outboxd run`` against a loopback receiver that notes when each request
+    arrives; yields the agent's engine and the receiver. PostgreSQL (``dsn``) woken by
+    NOTIFY, or polling (``listen=False``); or a SQLite file (``sqlite``: its URL)."""
     url = sqlite or sa_url(dsn)
     if sqlite is None:
         prepare(dsn)
@@ -85,30 +90,68 @@ def commit_to_send(
         )
         try:
             time.sleep(3)  # start-up, listener connected
-            lat: list[float] = []
-            for i in range(samples):
-                op = f"lat:{i}"
-                with engine.begin() as conn:
-                    outbox.enqueue(
-                        conn,
-                        tenant_id="bench",
-                        task_id="lat",
-                        operation_id=op,
-                        provider="rx",
-                        payload={"i": i},
-                    )
-                committed = time.perf_counter()
-                deadline = committed + 5
-                while op not in server.arrivals and time.perf_counter() < deadline:
-                    time.sleep(0.0002)
-                if op in server.arrivals:
-                    lat.append((server.arrivals[op] - committed) * 1000)
-                time.sleep(0.01)
+            yield engine, server
         finally:
             proc.terminate()
             proc.wait(timeout=30)
             server.shutdown()
             engine.dispose()
+
+
+def _stage(engine: Engine, op: str, i: int) -> None:
+    with engine.begin() as conn:
+        outbox.enqueue(conn, tenant_id="bench", task_id="lat", operation_id=op,
+                       provider="rx", payload={"i": i})
+
+
+def commit_to_send(
+    dsn: str, samples: int = 100, *, listen: bool = True, sqlite: str | None = None
+) -> tuple[float, float]:
+    """p50 and p99 milliseconds from the agent's COMMIT to the request arriving, one
+    operation every 10 ms. PostgreSQL (``dsn``) woken by NOTIFY, or polling
+    (``listen=False``); or a SQLite file (``sqlite``: its URL), which always polls."""
+    lat: list[float] = []
+    with _dispatching(dsn, listen=listen, sqlite=sqlite) as (engine, server):
+        for i in range(samples):
+            op = f"lat:{i}"
+            _stage(engine, op, i)
+            committed = time.perf_counter()
+            deadline = committed + 5
+            while op not in server.arrivals and time.perf_counter() < deadline:
+                time.sleep(0.0002)
+            if op in server.arrivals:
+                lat.append((server.arrivals[op] - committed) * 1000)
+            time.sleep(0.01)
+    return percentile(lat, 50), percentile(lat, 99)
+
+
+def receipt_latency(
+    dsn: str, samples: int = 100, *, waiters: int = 1, sqlite: str | None = None
+) -> tuple[float, float]:
+    """p50 and p99 milliseconds from the request arriving at the receiver to
+    ``outbox.wait_for`` returning the applied record to the agent (the response, the
+    record step's commit and the waiter's wake-up and read), ``waiters`` agents at once,
+    each staging its operation and waiting for it. PostgreSQL (``dsn``: woken by the
+    record step's NOTIFY) or a SQLite file (``sqlite``: the waiter's reads)."""
+    lat: list[float] = []
+    lock = threading.Lock()
+    with _dispatching(dsn, sqlite=sqlite) as (engine, server):
+
+        def agent(first: int) -> None:
+            for i in range(first, samples, waiters):
+                op = f"wait:{i}"
+                _stage(engine, op, i)
+                outbox.wait_for(engine, tenant_id="bench", operation_id=op, timeout=30)
+                returned = time.perf_counter()
+                with lock:
+                    lat.append((returned - server.arrivals[op]) * 1000)
+                time.sleep(0.01)
+
+        threads = [threading.Thread(target=agent, args=(w,)) for w in range(waiters)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
     return percentile(lat, 50), percentile(lat, 99)
 
 

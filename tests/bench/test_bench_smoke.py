@@ -32,6 +32,17 @@ def test_harness_workloads_run(
             ] == ["met", "**not met**", ""]
 
 
+def test_receipt_latency_runs_with_many_waiters(
+    pg_admin_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ten agents at once, each staging an operation and waiting for its receipt through
+    ``outbox.wait_for`` while an ``outboxd run`` process dispatches them."""
+    monkeypatch.setattr(harness, "ADMIN_DSN", pg_admin_dsn)
+    with harness.scratch_database("outboxd_smoke") as dsn:
+        p50, p99 = latency.receipt_latency(dsn, 30, waiters=10)
+    assert 0 < p50 <= p99
+
+
 def test_phase_timing_runs(pg_admin_dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(harness, "ADMIN_DSN", pg_admin_dsn)
     seconds, timed = phases.measure(300, 100)
