@@ -95,6 +95,7 @@ def _dispatching(
             proc.terminate()
             proc.wait(timeout=30)
             server.shutdown()
+            server.server_close()
             engine.dispose()
 
 
