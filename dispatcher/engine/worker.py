@@ -4,7 +4,8 @@ record. Each step is a method the daemon's loop calls; nothing here sleeps or lo
 Order is the protocol: a request leaves the process only after the transaction that
 moved its row to ``dispatching`` has committed, and every later write is fenced on the
 batch's token and the row's revision. Sends run on a bounded thread pool
-(``concurrency`` in flight); their outcomes are recorded in batches.
+(``concurrency`` in flight); their outcomes are recorded in batches — on PostgreSQL by a
+recording thread on a connection of its own, while this thread claims the next batch.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import AbstractContextManager
 from dataclasses import replace
 from datetime import datetime, timedelta
@@ -69,10 +70,26 @@ class Worker:
         self._done: queue.SimpleQueue[InFlight] = queue.SimpleQueue()
         self._unrecorded: list[InFlight] = []
         self._oldest_done: float | None = None
+        # PostgreSQL: the record statement runs on a thread of its own, on its own
+        # connection, while this thread claims the next batch (the record is one
+        # self-committing statement fenced on token and revision, so running it beside the
+        # next claim changes no ordering the protocol relies on). SQLite has one writer.
+        self._recorder = (
+            ThreadPoolExecutor(1, thread_name_prefix="outboxd-record")
+            if self._one_statement is not self.engine
+            else None
+        )
+        self._recording: tuple[Future[set[int]], list[InFlight]] | None = None
 
     # -- claim and dispatch ------------------------------------------------------------
     def free_slots(self) -> int:
-        return self.s.concurrency - len(self._inflight)
+        """Send slots free: ``concurrency`` less the sends not yet recorded, not counting
+        those the recording thread is writing (their requests are done), so a batch can be
+        claimed and sent while the one before it is recorded."""
+        return self.s.concurrency - len(self._inflight) + self._being_recorded()
+
+    def _being_recorded(self) -> int:
+        return len(self._recording[1]) if self._recording is not None else 0
 
     def in_flight(self) -> int:
         return len(self._inflight)
@@ -342,7 +359,7 @@ class Worker:
 
     # -- record ------------------------------------------------------------------------
     def has_done(self) -> bool:
-        return bool(self._unrecorded) or not self._done.empty()
+        return bool(self._unrecorded) or not self._done.empty() or self._recording is not None
 
     def record_due(self) -> bool:
         """Is it time to record? When a batch has finished, when every send in flight has,
@@ -351,15 +368,40 @@ class Worker:
         done = self._done.qsize() + len(self._unrecorded)
         if done == 0:
             return False
-        if done >= len(self._inflight) or done >= self._batch():
+        if done >= len(self._inflight) - self._being_recorded() or done >= self._batch():
             return True
         oldest = self._oldest_done
         return oldest is not None and time.monotonic() - oldest >= RECORD_LINGER_SECONDS
 
     def record_done(self, *, force: bool = False) -> int:
-        """Record finished sends in one transaction (when due, or ``force``)."""
+        """Record finished sends (when due, or ``force``). Returns how many were recorded,
+        handed to the recording thread, or collected from it (slots freed).
+
+        With a recording thread (PostgreSQL) and without ``force``, the batch is handed to
+        it and this returns at once; a record still running is waited for only by the
+        next ``force``. With ``force`` (shutdown, tests) everything is recorded before
+        this returns. A failed record raises here, on the next call, and its outcomes are
+        kept to be recorded once the database is back."""
+        handed = self._collect(wait=force)  # first: its slots are free for this claim
+        if self._recording is not None:  # still running: one record at a time
+            return handed
         if not force and not self.record_due():
-            return 0
+            return handed
+        items = self._take_done()
+        if not items:
+            return handed
+        if self._recorder is not None and not force:
+            self._recording = (self._recorder.submit(self._record_batch, items), items)
+            return handed + len(items)
+        try:
+            moved = self._record_batch(items)
+        except Exception:
+            self._unrecorded = items  # recorded once the database is back
+            raise
+        self._recorded(items, moved)
+        return handed + len(items)
+
+    def _take_done(self) -> list[InFlight]:
         items = self._unrecorded
         self._unrecorded = []
         while True:
@@ -368,21 +410,41 @@ class Worker:
             except queue.Empty:
                 break
         self._oldest_done = None
-        if not items:
+        return items
+
+    def _collect(self, *, wait: bool) -> int:
+        """The record running on the recording thread: when it has finished (or ``wait``),
+        its result — a failure is raised, its outcomes kept for the next record."""
+        if self._recording is None:
             return 0
-        failpoints.hit("after_send")
+        future, items = self._recording
+        if not wait and not future.done():
+            return 0
+        self._recording = None
         try:
-            moved_all = self._record(items)
+            moved = future.result()
         except Exception:
-            self._unrecorded = items  # recorded once the database is back
+            self._unrecorded = items + self._unrecorded
             raise
+        self._recorded(items, moved)
+        return len(items)
+
+    def _record_batch(self, items: list[InFlight]) -> set[int]:
+        """Write the outcomes (on the recording thread, or this one); the ids moved."""
+        try:
+            failpoints.hit("after_send")
+            return self._record(items)
+        finally:
+            self.kick.set()  # the dispatch loop collects the result
+
+    def _recorded(self, items: list[InFlight], moved: set[int]) -> None:
+        """A record has committed: its sends leave the in-flight set (this thread only)."""
         for item in items:
             self._inflight.pop(item.op.id, None)
-        fenced = len(items) - len(moved_all)
+        fenced = len(items) - len(moved)
         if fenced:
             metrics.FENCING_REJECTIONS.inc(fenced)
             log.warning("stale outcomes not applied (fencing)", extra={"count": fenced})
-        return len(items)
 
     def _transaction(self) -> AbstractContextManager[Connection]:
         """A transaction for one statement (PostgreSQL: the statement is its own)."""
@@ -422,11 +484,13 @@ class Worker:
     def wait_in_flight(self, timeout: float) -> None:
         """Wait up to ``timeout`` for sends in flight, recording what finishes."""
         deadline = time.monotonic() + timeout
-        while self._inflight and time.monotonic() < deadline:
+        while (self._inflight or self._recording) and time.monotonic() < deadline:
             self.kick.wait(min(0.05, max(0.0, deadline - time.monotonic())))
             self.kick.clear()
             self.record_done(force=True)
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+        if self._recorder is not None:
+            self._recorder.shutdown(wait=True)
 

@@ -1,0 +1,73 @@
+"""One change measured on its own: two checkouts drain the same backlog, alternately.
+
+Run as ``python -m bench.compare BEFORE AFTER [--rows N] [--batch B] [--pairs P]``, where
+BEFORE and AFTER are directories holding a checkout each (``git worktree add`` or ``git
+archive | tar -x``). Each drain is a fresh scratch PostgreSQL database, ``N`` operations
+staged with plain SQL, one ``outboxd run`` of that checkout with the null provider
+(``bench.daemon_runs.drain``, run from that checkout with this interpreter). The order
+alternates (A B, B A, ...) so a machine getting faster or slower during the run weighs on
+both sides alike. Prints each drain, then the medians and AFTER / BEFORE.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+CHILD = """
+import json
+from bench import daemon_runs as d, harness as h
+with h.scratch_database() as dsn:
+    d.prepare(dsn)
+    d.fill(dsn, {rows})
+    print(json.dumps(d.drain(dsn, {rows}, batch={batch})))
+"""
+
+
+def drain_with(tree: Path, rows: int, batch: int) -> dict[str, float]:
+    """One drain by the checkout at ``tree`` (its packages first on the path)."""
+    done = subprocess.run(
+        [sys.executable, "-c", CHILD.format(rows=rows, batch=batch)],
+        env={**os.environ, "PYTHONPATH": str(tree)},
+        cwd=tree, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    if done.returncode:
+        raise SystemExit(f"the drain of {tree} failed:\n{done.stderr[-2000:]}")
+    result: dict[str, float] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.compare", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("before", type=Path, help="the checkout without the change")
+    ap.add_argument("after", type=Path, help="the checkout with the change")
+    ap.add_argument("--rows", type=int, default=10_000, help="operations per drain")
+    ap.add_argument("--batch", type=int, default=10, help="the daemon's batch_size")
+    ap.add_argument("--pairs", type=int, default=3, help="drains of each checkout")
+    args = ap.parse_args(argv)
+    for tree in (args.before, args.after):
+        if not (tree / "dispatcher").is_dir():
+            ap.error(f"{tree}: not a checkout of outboxd (no dispatcher/ in it)")
+    rates: dict[Path, list[float]] = {args.before: [], args.after: []}
+    for i in range(args.pairs):
+        order = (args.before, args.after) if i % 2 == 0 else (args.after, args.before)
+        for tree in order:
+            r = drain_with(tree, args.rows, args.batch)
+            rates[tree].append(r["rows_per_s"])
+            print(f"{tree}: {r['rows_per_s']:,.0f} rows/s, "
+                  f"{r['commits_per_op']:.4f} commits/op", flush=True)
+    before = statistics.median(rates[args.before])
+    after = statistics.median(rates[args.after])
+    print(f"median: before {before:,.0f}, after {after:,.0f} rows/s; "
+          f"after / before {after / before:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
