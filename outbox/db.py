@@ -11,13 +11,16 @@ from __future__ import annotations
 import urllib.parse
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.orm import Session
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncEngine
 
 from outbox import decoding, errors
 
@@ -140,20 +143,65 @@ def create_engine(
     ``options``: libpq connection options (and ``prepare_threshold``) for the driver.
     ``synchronous_commit``: how far each commit waits for synchronous standbys (None: the
     server's setting), set as the schema is."""
+    engine: Engine = _build(
+        sa.create_engine, _itself, url, schema=schema, pool_size=pool_size,
+        connect_timeout=connect_timeout, pre_ping=pre_ping, pooler=pooler, options=options,
+        synchronous_commit=synchronous_commit, **kwargs)
+    return engine
+
+
+def create_async_engine(url: str, **kwargs: Any) -> AsyncEngine:
+    """:func:`create_engine`'s configuration on an asyncio engine (``outbox.aio``):
+    psycopg's async driver, or ``aiosqlite`` for a SQLite file (``sqlite:///…`` is read as
+    ``sqlite+aiosqlite:///…``). The same keyword arguments. Needs the ``aio`` extra."""
+    from sqlalchemy.ext.asyncio import create_async_engine as factory
+
+    if url.startswith("sqlite:"):
+        url = "sqlite+aiosqlite:" + url[len("sqlite:"):]
+    engine: AsyncEngine = _build(factory, _driver_connection, url, **kwargs)
+    return engine
+
+
+def _itself(dbapi_conn: Any) -> Any:
+    return dbapi_conn
+
+
+def _driver_connection(dbapi_conn: Any) -> Any:
+    """The driver's own connection behind SQLAlchemy's asyncio adapter."""
+    return dbapi_conn.driver_connection
+
+
+def _build(
+    factory: Any,
+    driver: Any,
+    url: str,
+    *,
+    schema: str | None = None,
+    pool_size: int = 5,
+    connect_timeout: float = 5.0,
+    pre_ping: bool = True,
+    pooler: str = "none",
+    options: Mapping[str, str] | None = None,
+    synchronous_commit: str | None = None,
+    **kwargs: Any,
+) -> Any:
+    """An engine made by ``factory`` (SQLAlchemy's sync or asyncio ``create_engine``) and
+    configured on its synchronous core; ``driver`` finds the driver's connection behind
+    the DB-API one a ``connect`` event is given."""
     url = normalise_url(url)
     if url.startswith("sqlite"):
-        engine = sa.create_engine(
+        engine = factory(
             url,
             connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000, "check_same_thread": False},
             **kwargs,
         )
-        _configure_sqlite(engine)
+        _configure_sqlite(_sync(engine), driver)
         return engine
     if pooler not in POOLERS:
         raise ValueError(f"pooler must be one of {', '.join(POOLERS)}")
     parsed, connect_args = driver_options(sa.engine.make_url(url), options, pooler)
     connect_args.setdefault("connect_timeout", max(1, int(connect_timeout)))
-    engine = sa.create_engine(
+    engine = factory(
         parsed,
         pool_size=pool_size,
         max_overflow=pool_size,
@@ -162,9 +210,9 @@ def create_engine(
         **kwargs,
     )
 
-    @event.listens_for(engine, "connect")
+    @event.listens_for(_sync(engine), "connect")
     def _time_loaders(dbapi_conn: Any, _rec: Any) -> None:
-        decoding.register_pg_time_loaders(dbapi_conn)
+        decoding.register_pg_time_loaders(driver(dbapi_conn))
 
     settings: dict[str, str] = {}
     if schema:
@@ -173,9 +221,15 @@ def create_engine(
     if synchronous_commit:
         settings["synchronous_commit"] = synchronous_commit
     if settings:
-        _apply_settings(engine, settings, per_transaction=pooler == "transaction")
+        _apply_settings(_sync(engine), settings, per_transaction=pooler == "transaction")
 
     return engine
+
+
+def _sync(engine: Any) -> Engine:
+    """The synchronous core events are registered on (an ``AsyncEngine``'s, or itself)."""
+    core: Engine = getattr(engine, "sync_engine", engine)
+    return core
 
 
 def _apply_settings(engine: Engine, settings: Mapping[str, str], *,
@@ -194,17 +248,20 @@ def _apply_settings(engine: Engine, settings: Mapping[str, str], *,
 
     @event.listens_for(engine, "connect")
     def _per_connection(dbapi_conn: Any, _rec: Any) -> None:
-        with dbapi_conn.cursor() as cur:
+        cur = dbapi_conn.cursor()
+        try:
             cur.execute(statement, dict(settings))
+        finally:
+            cur.close()
         dbapi_conn.commit()
 
 
-def _configure_sqlite(engine: Engine) -> None:
+def _configure_sqlite(engine: Engine, driver: Any = _itself) -> None:
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_conn: Any, _rec: Any) -> None:
         dbapi_conn.isolation_level = None  # we issue BEGIN ourselves
         # text that is not UTF-8 is read (and parked) instead of failing the statement
-        dbapi_conn.text_factory = decoding.sqlite_text
+        driver(dbapi_conn).text_factory = decoding.sqlite_text
         cur = dbapi_conn.cursor()
         cur.execute("PRAGMA journal_mode=WAL")
         cur.execute("PRAGMA synchronous=FULL")

@@ -31,6 +31,10 @@ class ProviderConfigError(ConfigError):
     """A provider section is invalid; the message names the section and key."""
 
 
+class MissingExtra(OutboxError, ImportError):
+    """An optional part is used without the extra that installs its packages."""
+
+
 class PayloadMismatch(OutboxError):
     """An operation with this id already exists with a different payload."""
 

@@ -97,6 +97,7 @@ def stage_row(conn: Connection, row: dict[str, Any]) -> OperationRecord:
 
 def enqueue(
     conn: Connection | Session,
+    /,
     *,
     tenant_id: str,
     task_id: str,

@@ -33,7 +33,7 @@ import json
 import logging
 import threading
 import time
-from typing import Final
+from typing import Final, Protocol
 
 from sqlalchemy.engine import Connection, Engine
 
@@ -69,82 +69,112 @@ def wait_for(
     open transaction would read one snapshot forever (and on SQLite hold the one write
     lock the dispatcher needs), so that is refused.
     """
-    if timeout < 0 or (unknown_patience is not None and unknown_patience < 0):
-        raise errors.InvalidPayload("timeout and unknown_patience must be >= 0 seconds",
-                                    timeout=timeout, unknown_patience=unknown_patience)
-    if isinstance(engine_or_connection, Connection) and engine_or_connection.in_transaction():
-        raise errors.OutboxError(
-            "wait_for reads in transactions of its own: commit first, then wait with the "
-            "engine or a connection outside a transaction",
-            tenant_id=tenant_id, operation_id=operation_id)
-    start = time.monotonic()
-    deadline = start + timeout
-    unknown_since: float | None = None
-    pause = FIRST_POLL_SECONDS
-    listener = _listener_for(engine_or_connection.engine)
-    key = (tenant_id, operation_id)
-    woken = listener.register(key) if listener is not None else threading.Event()
+    in_tx = isinstance(engine_or_connection, Connection) and engine_or_connection.in_transaction()
+    watch = Watch(tenant_id, operation_id, timeout, unknown_patience, in_transaction=in_tx)
+    listener = listener_for(engine_or_connection.engine)
+    woken = threading.Event()
+    if listener is not None:
+        listener.register(watch.key, woken)
+        listener.tried.wait(LISTEN_READY_SECONDS)  # only the first waiters wait at all
     try:
         while True:
             woken.clear()  # before the read: a notification from here on wakes the next wait
             op = _read(engine_or_connection, tenant_id, operation_id)
-            now = time.monotonic()
-            if op.status in SETTLED:
+            if watch.settled(op):
                 return op
-            if op.status is OperationStatus.UNKNOWN:
-                unknown_since = now if unknown_since is None else unknown_since
-                if unknown_patience is not None and now - unknown_since >= unknown_patience:
-                    return op
-            else:
-                unknown_since = None
-            if now >= deadline:
-                raise errors.WaitTimeout(tenant_id=tenant_id, operation_id=operation_id,
-                                         status=op.status.value,
-                                         waited_seconds=round(now - start, 3))
-            woken.wait(min(pause, deadline - now))
-            pause = min(MAX_POLL_SECONDS, pause * 1.5)
+            woken.wait(watch.pause())
     finally:
         if listener is not None:
-            listener.unregister(key, woken)
+            listener.unregister(watch.key, woken)
+
+
+class Watch:
+    """One wait's arithmetic, shared by :func:`wait_for` and :func:`outbox.aio.wait_for`:
+    what is settled, the unknown patience, the timeout and the back-off between reads."""
+
+    def __init__(self, tenant_id: str, operation_id: str, timeout: float,
+                 unknown_patience: float | None, *, in_transaction: bool) -> None:
+        if timeout < 0 or (unknown_patience is not None and unknown_patience < 0):
+            raise errors.InvalidPayload("timeout and unknown_patience must be >= 0 seconds",
+                                        timeout=timeout, unknown_patience=unknown_patience)
+        if in_transaction:
+            raise errors.OutboxError(
+                "wait_for reads in transactions of its own: commit first, then wait with the "
+                "engine or a connection outside a transaction",
+                tenant_id=tenant_id, operation_id=operation_id)
+        self.key = (tenant_id, operation_id)
+        self.start = time.monotonic()
+        self.deadline = self.start + timeout
+        self.patience = unknown_patience
+        self.unknown_since: float | None = None
+        self._pause = FIRST_POLL_SECONDS
+
+    def settled(self, op: OperationRecord) -> bool:
+        """Is ``op`` settled for this wait? Raises ``WaitTimeout`` when it is not and the
+        time is up."""
+        now = time.monotonic()
+        if op.status in SETTLED:
+            return True
+        if op.status is OperationStatus.UNKNOWN:
+            self.unknown_since = now if self.unknown_since is None else self.unknown_since
+            if self.patience is not None and now - self.unknown_since >= self.patience:
+                return True
+        else:
+            self.unknown_since = None
+        if now >= self.deadline:
+            raise errors.WaitTimeout(tenant_id=self.key[0], operation_id=self.key[1],
+                                     status=op.status.value,
+                                     waited_seconds=round(now - self.start, 3))
+        return False
+
+    def pause(self) -> float:
+        """How long to wait before the next read (a notification ends it sooner)."""
+        pause = min(self._pause, max(0.0, self.deadline - time.monotonic()))
+        self._pause = min(MAX_POLL_SECONDS, self._pause * 1.5)
+        return pause
 
 
 def _read(target: Engine | Connection, tenant_id: str, operation_id: str) -> OperationRecord:
     if isinstance(target, Engine):
         with target.begin() as conn:
-            found = _find(conn, tenant_id, operation_id)
+            found = find(conn, tenant_id, operation_id)
     else:
         with target.begin():
-            found = _find(target, tenant_id, operation_id)
+            found = find(target, tenant_id, operation_id)
     if found is None:
         raise errors.OperationNotFound(tenant_id=tenant_id, operation_id=operation_id)
     return found
 
 
-def _find(conn: Connection, tenant_id: str, operation_id: str) -> OperationRecord | None:
+def find(conn: Connection, tenant_id: str, operation_id: str) -> OperationRecord | None:
+    """The operation, or None (in ``conn``'s transaction)."""
     set_tenant(conn, tenant_id)
     return existing_operation(conn, tenant_id, operation_id)
 
 
-class _Listener:
+class Wakeable(Protocol):
+    def set(self) -> None: ...
+
+
+class Listener:
     """One LISTEN connection (its own thread) for every waiter of this process on one
-    database: each notification sets the events registered for its operation."""
+    database: each notification sets the wakers registered for its operation (a
+    ``threading.Event``, or anything with ``set()`` that may be called from this thread).
+    ``tried`` is set once the first connection attempt is over, either way."""
 
     def __init__(self, engine: Engine) -> None:
         self._args = engine.dialect.create_connect_args(engine.url)
         self._lock = threading.Lock()
-        self._waiters: dict[tuple[str, str], set[threading.Event]] = {}
+        self._waiters: dict[tuple[str, str], set[Wakeable]] = {}
         self.ready = threading.Event()
-        self._tried = threading.Event()  # the first connection attempt is over, either way
+        self.tried = threading.Event()
         threading.Thread(target=self._run, name="outbox-wait-listener", daemon=True).start()
 
-    def register(self, key: tuple[str, str]) -> threading.Event:
-        event = threading.Event()
+    def register(self, key: tuple[str, str], event: Wakeable) -> None:
         with self._lock:
             self._waiters.setdefault(key, set()).add(event)
-        self._tried.wait(LISTEN_READY_SECONDS)  # only the first waiters wait at all
-        return event
 
-    def unregister(self, key: tuple[str, str], event: threading.Event) -> None:
+    def unregister(self, key: tuple[str, str], event: Wakeable) -> None:
         with self._lock:
             events = self._waiters.get(key)
             if events is not None:
@@ -167,13 +197,13 @@ class _Listener:
                 with psycopg.connect(*cargs, **{**cparams, "autocommit": True}) as conn:
                     conn.execute(f"LISTEN {SETTLED_CHANNEL}")
                     self.ready.set()
-                    self._tried.set()
+                    self.tried.set()
                     self._wake(None)  # what settled while nobody listened: read again
                     for note in conn.notifies():
                         self._wake(_key_of(note.payload))
             except Exception as exc:  # the server went away: reads go on; listen again
                 self.ready.clear()
-                self._tried.set()
+                self.tried.set()
                 log.debug("wait listener reconnecting", extra={"error": type(exc).__name__})
                 time.sleep(1.0)
 
@@ -186,11 +216,11 @@ def _key_of(payload: str) -> tuple[str, str] | None:
     return str(tenant_id), str(operation_id)
 
 
-_listeners: dict[str, _Listener] = {}
+_listeners: dict[str, Listener] = {}
 _listeners_lock = threading.Lock()
 
 
-def _listener_for(engine: Engine) -> _Listener | None:
+def listener_for(engine: Engine) -> Listener | None:
     """This process's listener for ``engine``'s database (PostgreSQL only)."""
     if engine.dialect.name != "postgresql":
         return None
@@ -198,5 +228,5 @@ def _listener_for(engine: Engine) -> _Listener | None:
     with _listeners_lock:
         found = _listeners.get(key)
         if found is None:
-            found = _listeners[key] = _Listener(engine)
+            found = _listeners[key] = Listener(engine)
     return found

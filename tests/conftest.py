@@ -20,6 +20,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from outbox import db, migrate
+from tests.support.agents import FLAVOURS, Agent, agent_for
 
 for _name in [n for n in os.environ if n.startswith("OUTBOXD_") and n != "OUTBOXD_TEST_PG_URL"]:
     del os.environ[_name]
@@ -170,6 +171,15 @@ def engine(db_url: str) -> Iterator[Engine]:
     eng = db.create_engine(db_url)
     yield eng
     eng.dispose()
+
+
+@pytest.fixture(params=FLAVOURS)
+def agent(request: pytest.FixtureRequest, engine: Engine) -> Iterator[Agent]:
+    """The agent API on ``engine``'s database, sync (``outbox.api``) and async
+    (``outbox.aio``): a test taking it is the contract of both."""
+    made = agent_for(request.param, engine)
+    yield made
+    made.close()
 
 
 def count(engine: Engine, sql: str, **params: object) -> int:

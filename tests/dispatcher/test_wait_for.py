@@ -1,54 +1,75 @@
-"""``outbox.wait_for``: the agent's way back to its receipt, on both dialects. The waiter is
-this test process; the dispatcher is an ``outboxd run`` process of its own."""
+"""``outbox.wait_for`` and ``outbox.aio.wait_for``: the agent's way back to its receipt, on
+both dialects, each test run with the sync and the async API (the ``agent`` fixture). The
+waiter is this test process; the dispatcher is an ``outboxd run`` process of its own."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
-from sqlalchemy.engine import Engine
+import sqlalchemy as sa
 
 import outbox
 from outbox import errors
 from outbox.ddl import SETTLED_CHANNEL
 from tests.dispatcher import TENANT, config, drain_once, engine_at, stage
+from tests.support.agents import Agent
 from tests.support.daemon import DaemonProcess
 from tests.support.sim import SimProcess
 
 
 @pytest.mark.slow
 def test_a_waiter_in_another_process_gets_the_receipt_or_the_reason(
-    db_url: str, engine: Engine, tmp_path: Path
+    db_url: str, agent: Agent, tmp_path: Path
 ) -> None:
-    (sent,) = stage(engine, 1, prefix="sent")
-    (held,) = stage(engine, 1, prefix="held", requires_approval=True)
+    (sent,) = stage(agent.engine, 1, prefix="sent")
+    (held,) = stage(agent.engine, 1, prefix="held", requires_approval=True)
     with SimProcess(tmp_path) as sim, DaemonProcess(config(tmp_path, db_url, sim)):
-        applied = outbox.wait_for(engine, tenant_id=TENANT, operation_id=sent, timeout=60)
-        blocked = outbox.wait_for(engine, tenant_id=TENANT, operation_id=held, timeout=60)
+        applied = agent.wait_for(tenant_id=TENANT, operation_id=sent, timeout=60)
+        blocked = agent.wait_for(tenant_id=TENANT, operation_id=held, timeout=60)
     assert applied.status is outbox.OperationStatus.APPLIED
     assert applied.receipt  # what the receiver answered
     assert (blocked.status, blocked.status_reason) == (outbox.OperationStatus.BLOCKED,
                                                        "approval_missing")
 
 
-def test_a_wait_that_times_out_names_the_operation_and_its_state(engine: Engine) -> None:
-    (op,) = stage(engine, 1)
+def test_a_wait_that_times_out_names_the_operation_and_its_state(agent: Agent) -> None:
+    (op,) = stage(agent.engine, 1)
     with pytest.raises(errors.WaitTimeout) as caught:
-        outbox.wait_for(engine, tenant_id=TENANT, operation_id=op, timeout=0.2)
+        agent.wait_for(tenant_id=TENANT, operation_id=op, timeout=0.2)
     assert (caught.value.operation_id, caught.value.status) == (op, "pending")
     assert "pending" in str(caught.value) and op in str(caught.value)
 
 
-def test_waiting_for_nothing_or_inside_a_transaction_is_refused_at_once(engine: Engine) -> None:
+def test_waiting_for_nothing_or_inside_a_transaction_is_refused_at_once(agent: Agent) -> None:
     with pytest.raises(errors.OperationNotFound):
-        outbox.wait_for(engine, tenant_id=TENANT, operation_id="no-such-op", timeout=30)
-    (op,) = stage(engine, 1)
-    with engine.begin() as conn, pytest.raises(errors.OutboxError, match="commit first"):
-        outbox.wait_for(conn, tenant_id=TENANT, operation_id=op, timeout=30)
-    with engine.connect() as conn, pytest.raises(errors.WaitTimeout):
-        outbox.wait_for(conn, tenant_id=TENANT, operation_id=op, timeout=0.1)
+        agent.wait_for(tenant_id=TENANT, operation_id="no-such-op", timeout=30)
+    (op,) = stage(agent.engine, 1)
+    with agent.begin() as conn, pytest.raises(errors.OutboxError, match="commit first"):
+        agent.wait_for(conn, tenant_id=TENANT, operation_id=op, timeout=30)
+    with agent.connect() as conn, pytest.raises(errors.WaitTimeout):
+        agent.wait_for(conn, tenant_id=TENANT, operation_id=op, timeout=0.1)
     with pytest.raises(errors.InvalidPayload):
-        outbox.wait_for(engine, tenant_id=TENANT, operation_id=op, timeout=-1)
+        agent.wait_for(tenant_id=TENANT, operation_id=op, timeout=-1)
+
+
+def test_unknown_is_settled_only_after_the_callers_patience(agent: Agent) -> None:
+    """The dispatcher reconciles ``unknown`` on its own: without a patience the wait goes
+    on (and times out naming ``unknown``); with one, the record comes back once the
+    operation has been unknown that long in this wait."""
+    (op,) = stage(agent.engine, 1)
+    with agent.engine.begin() as conn:
+        conn.execute(sa.text("UPDATE outbox_operations SET status = 'unknown', "
+                             "status_reason = 'ambiguous_response'"))
+    with pytest.raises(errors.WaitTimeout) as caught:
+        agent.wait_for(tenant_id=TENANT, operation_id=op, timeout=0.3)
+    assert caught.value.status == "unknown"
+    start = time.monotonic()
+    found = agent.wait_for(tenant_id=TENANT, operation_id=op, timeout=30, unknown_patience=0.2)
+    assert (found.status, found.status_reason) == (outbox.OperationStatus.UNKNOWN,
+                                                   "ambiguous_response")
+    assert time.monotonic() - start >= 0.2  # not before the patience
 
 
 @pytest.mark.slow

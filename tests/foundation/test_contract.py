@@ -17,6 +17,7 @@ from outbox.api import StagedOperation
 from outbox.digest import default_idempotency_key, payload_digest
 from outbox.states import OperationStatus
 from outbox.types import db_now
+from tests.support.agents import Agent
 
 from .sqlcli import count, peek
 
@@ -70,17 +71,17 @@ def agent_table(engine: Engine) -> Iterator[str]:
 
 
 def test_rolled_back_agent_transaction_leaves_no_task_change_and_no_operation(
-    engine: Engine, agent_table: str
+    agent: Agent, agent_table: str
 ) -> None:
-    with engine.begin() as conn:
-        api.advance(conn, "t1", tenant_id=T, expected_revision=0, phase="start", state={"n": 0})
+    with agent.begin() as conn:
+        agent.advance(conn, "t1", tenant_id=T, expected_revision=0, phase="start", state={"n": 0})
 
     class AgentCrashed(Exception):
         pass
 
-    with pytest.raises(AgentCrashed), engine.begin() as conn:
-        conn.exec_driver_sql(f"INSERT INTO {agent_table} (id, note) VALUES (1, 'draft')")
-        task = api.advance(
+    with pytest.raises(AgentCrashed), agent.begin() as conn:
+        agent.sql(conn, f"INSERT INTO {agent_table} (id, note) VALUES (1, 'draft')")
+        task = agent.advance(
             conn,
             "t1",
             tenant_id=T,
@@ -90,7 +91,7 @@ def test_rolled_back_agent_transaction_leaves_no_task_change_and_no_operation(
             operations=[op("ticket:create:1")],
         )
         assert task.state_revision == 2 and len(task.operations) == 1
-        api.enqueue(
+        agent.enqueue(
             conn,
             tenant_id=T,
             task_id="t1",
@@ -100,16 +101,16 @@ def test_rolled_back_agent_transaction_leaves_no_task_change_and_no_operation(
         )
         raise AgentCrashed
 
-    row = task_row(engine, "t1")
+    row = task_row(agent.engine, "t1")
     assert row is not None
     assert (row["state_revision"], row["phase"], row["state"]) == (1, "start", {"n": 0})
-    assert n_ops(engine) == 0
-    assert count(url_of(engine), f"SELECT count(*) FROM {agent_table}") == 0
+    assert n_ops(agent.engine) == 0
+    assert count(url_of(agent.engine), f"SELECT count(*) FROM {agent_table}") == 0
 
 
-def test_advance_creates_the_task_at_revision_zero_and_counts_up(engine: Engine) -> None:
-    with engine.begin() as conn:
-        created = api.advance(
+def test_advance_creates_the_task_at_revision_zero_and_counts_up(agent: Agent) -> None:
+    with agent.begin() as conn:
+        created = agent.advance(
             conn,
             "t1",
             tenant_id=T,
@@ -120,29 +121,29 @@ def test_advance_creates_the_task_at_revision_zero_and_counts_up(engine: Engine)
         )
     assert (created.state_revision, created.phase, created.state) == (1, "p0", {"step": 0})
     assert created.workflow_version == "wf-1" and created.cancelled_at is None
-    with engine.begin() as conn:
-        moved = api.advance(
+    with agent.begin() as conn:
+        moved = agent.advance(
             conn, "t1", tenant_id=T, expected_revision=1, phase="p1", state={"step": 1}
         )
     assert (moved.state_revision, moved.phase, moved.workflow_version) == (2, "p1", "wf-1")
-    with engine.connect() as conn:
-        loaded = api.load_task(conn, tenant_id=T, task_id="t1")
+    with agent.connect() as conn:
+        loaded = agent.load_task(conn, tenant_id=T, task_id="t1")
     assert (loaded.state_revision, loaded.state) == (2, {"step": 1})
     assert loaded.created_at <= loaded.updated_at
 
 
 @pytest.mark.parametrize("expected", [0, 1, 3])
 def test_stale_revision_raises_conflict_and_writes_nothing(
-    engine: Engine, agent_table: str, expected: int
+    agent: Agent, agent_table: str, expected: int
 ) -> None:
-    with engine.begin() as conn:
-        api.advance(conn, "t1", tenant_id=T, expected_revision=0, phase="p0")
-        api.advance(conn, "t1", tenant_id=T, expected_revision=1, phase="p1", state={"k": 1})
-    before = task_row(engine, "t1")
-    with engine.begin() as conn:  # the caller may still commit its transaction afterwards
-        conn.exec_driver_sql(f"INSERT INTO {agent_table} (id, note) VALUES (7, 'kept')")
+    with agent.begin() as conn:
+        agent.advance(conn, "t1", tenant_id=T, expected_revision=0, phase="p0")
+        agent.advance(conn, "t1", tenant_id=T, expected_revision=1, phase="p1", state={"k": 1})
+    before = task_row(agent.engine, "t1")
+    with agent.begin() as conn:  # the caller may still commit its transaction afterwards
+        agent.sql(conn, f"INSERT INTO {agent_table} (id, note) VALUES (7, 'kept')")
         with pytest.raises(errors.RevisionConflict) as caught:
-            api.advance(
+            agent.advance(
                 conn,
                 "t1",
                 tenant_id=T,
@@ -153,24 +154,24 @@ def test_stale_revision_raises_conflict_and_writes_nothing(
             )
     assert caught.value.expected == expected  # type: ignore[attr-defined]
     assert caught.value.actual == 2  # type: ignore[attr-defined]
-    assert task_row(engine, "t1") == before
-    assert n_ops(engine) == 0
-    assert count(url_of(engine), f"SELECT count(*) FROM {agent_table}") == 1
+    assert task_row(agent.engine, "t1") == before
+    assert n_ops(agent.engine) == 0
+    assert count(url_of(agent.engine), f"SELECT count(*) FROM {agent_table}") == 1
 
 
-def test_conflict_on_a_task_that_does_not_exist(engine: Engine) -> None:
-    with engine.begin() as conn, pytest.raises(errors.RevisionConflict) as caught:
-        api.advance(conn, "ghost", tenant_id=T, expected_revision=4, operations=[op("x")])
+def test_conflict_on_a_task_that_does_not_exist(agent: Agent) -> None:
+    with agent.begin() as conn, pytest.raises(errors.RevisionConflict) as caught:
+        agent.advance(conn, "ghost", tenant_id=T, expected_revision=4, operations=[op("x")])
     assert caught.value.actual is None  # type: ignore[attr-defined]
-    assert task_row(engine, "ghost") is None and n_ops(engine) == 0
+    assert task_row(agent.engine, "ghost") is None and n_ops(agent.engine) == 0
 
 
-def test_invalid_operation_in_advance_writes_nothing(engine: Engine) -> None:
-    with engine.begin() as conn:
-        api.advance(conn, "t1", tenant_id=T, expected_revision=0, phase="p0")
-    before = task_row(engine, "t1")
-    with engine.begin() as conn, pytest.raises(errors.SecretInPayload):
-        api.advance(
+def test_invalid_operation_in_advance_writes_nothing(agent: Agent) -> None:
+    with agent.begin() as conn:
+        agent.advance(conn, "t1", tenant_id=T, expected_revision=0, phase="p0")
+    before = task_row(agent.engine, "t1")
+    with agent.begin() as conn, pytest.raises(errors.SecretInPayload):
+        agent.advance(
             conn,
             "t1",
             tenant_id=T,
@@ -178,16 +179,15 @@ def test_invalid_operation_in_advance_writes_nothing(engine: Engine) -> None:
             phase="p1",
             operations=[op("ok:1"), op("bad:1", password="correct horse battery")],
         )
-    assert task_row(engine, "t1") == before and n_ops(engine) == 0
+    assert task_row(agent.engine, "t1") == before and n_ops(agent.engine) == 0
 
 
-def test_advance_stages_operations_in_the_callers_transaction(engine: Engine) -> None:
-    url = url_of(engine)
-    with engine.begin() as conn:
-        api.advance(conn, "t1", tenant_id=T, expected_revision=0)
-    with engine.connect() as conn:
-        tx = conn.begin()
-        task = api.advance(
+def test_advance_stages_operations_in_the_callers_transaction(agent: Agent) -> None:
+    url = url_of(agent.engine)
+    with agent.begin() as conn:
+        agent.advance(conn, "t1", tenant_id=T, expected_revision=0)
+    with agent.begin() as conn:
+        task = agent.advance(
             conn,
             "t1",
             tenant_id=T,
@@ -203,32 +203,29 @@ def test_advance_stages_operations_in_the_callers_transaction(engine: Engine) ->
         # Not visible to anybody else before the agent commits...
         assert count(url, "SELECT count(*) FROM outbox_operations") == 0
         assert peek(url, "SELECT state_revision FROM outbox_tasks") == [(1,)]
-        tx.commit()
     # ...and both together after.
     assert count(url, "SELECT count(*) FROM outbox_operations") == 2
     assert peek(url, "SELECT state_revision, phase FROM outbox_tasks") == [(2, "tickets")]
-    with engine.connect() as conn:
-        loaded = api.load_task(conn, tenant_id=T, task_id="t1")
+    with agent.connect() as conn:
+        loaded = agent.load_task(conn, tenant_id=T, task_id="t1")
     assert [o.operation_id for o in loaded.operations] == ["ticket:create:1", "ticket:create:2"]
 
 
-def test_api_works_with_an_orm_session(engine: Engine) -> None:
-    from sqlalchemy.orm import Session
-
-    with Session(engine) as session, session.begin():
-        api.advance(session, "t1", tenant_id=T, expected_revision=0, operations=[op("s:1")])
-    with Session(engine) as session:
-        assert api.get_operation(session, tenant_id=T, operation_id="s:1").task_id == "t1"
+def test_api_works_with_an_orm_session(agent: Agent) -> None:
+    with agent.session() as session:
+        agent.advance(session, "t1", tenant_id=T, expected_revision=0, operations=[op("s:1")])
+    with agent.session() as session:
+        assert agent.get_operation(session, tenant_id=T, operation_id="s:1").task_id == "t1"
 
 
 # --------------------------------------------------------------------- idempotent enqueue
 
 
-def test_enqueue_is_idempotent_across_key_order(engine: Engine) -> None:
+def test_enqueue_is_idempotent_across_key_order(agent: Agent) -> None:
     first_payload = {"customer": {"id": 42, "tier": "gold"}, "amount": 1250, "lines": [1, 2]}
     second_payload = {"lines": [1, 2], "amount": 1250, "customer": {"tier": "gold", "id": 42}}
-    with engine.begin() as conn:
-        first = api.enqueue(
+    with agent.begin() as conn:
+        first = agent.enqueue(
             conn,
             tenant_id=T,
             task_id="t1",
@@ -236,8 +233,8 @@ def test_enqueue_is_idempotent_across_key_order(engine: Engine) -> None:
             provider="payments",
             payload=first_payload,
         )
-    with engine.begin() as conn:
-        again = api.enqueue(
+    with agent.begin() as conn:
+        again = agent.enqueue(
             conn,
             tenant_id=T,
             task_id="t1",
@@ -248,7 +245,7 @@ def test_enqueue_is_idempotent_across_key_order(engine: Engine) -> None:
     assert again.id == first.id
     assert again.payload_digest == first.payload_digest == payload_digest(first_payload)
     assert again.idempotency_key == first.idempotency_key == f"{T}:refund:1"
-    assert n_ops(engine) == 1
+    assert n_ops(agent.engine) == 1
 
 
 @pytest.mark.parametrize(
@@ -262,7 +259,7 @@ def test_enqueue_is_idempotent_across_key_order(engine: Engine) -> None:
     ids=["payload", "provider", "task", "key"],
 )
 def test_enqueue_with_a_different_operation_under_the_same_id_is_refused(
-    engine: Engine, change: dict[str, Any]
+    agent: Agent, change: dict[str, Any]
 ) -> None:
     base: dict[str, Any] = {
         "tenant_id": T,
@@ -271,29 +268,29 @@ def test_enqueue_with_a_different_operation_under_the_same_id_is_refused(
         "provider": "payments",
         "payload": {"amount": 1250},
     }
-    with engine.begin() as conn:
-        first = api.enqueue(conn, **base)
-    with engine.begin() as conn, pytest.raises(errors.PayloadMismatch):
-        api.enqueue(conn, **{**base, **change})
-    with engine.connect() as conn:
-        kept = api.get_operation(conn, tenant_id=T, operation_id="refund:1")
+    with agent.begin() as conn:
+        first = agent.enqueue(conn, **base)
+    with agent.begin() as conn, pytest.raises(errors.PayloadMismatch):
+        agent.enqueue(conn, **{**base, **change})
+    with agent.connect() as conn:
+        kept = agent.get_operation(conn, tenant_id=T, operation_id="refund:1")
     assert kept == first  # the accepted payload is never replaced
 
 
-def test_payload_mismatch_inside_advance_writes_nothing(engine: Engine) -> None:
-    with engine.begin() as conn:
-        api.advance(conn, "t1", tenant_id=T, expected_revision=0, operations=[op("a", v=1)])
-    before = task_row(engine, "t1")
-    with engine.begin() as conn, pytest.raises(errors.PayloadMismatch):
-        api.advance(
+def test_payload_mismatch_inside_advance_writes_nothing(agent: Agent) -> None:
+    with agent.begin() as conn:
+        agent.advance(conn, "t1", tenant_id=T, expected_revision=0, operations=[op("a", v=1)])
+    before = task_row(agent.engine, "t1")
+    with agent.begin() as conn, pytest.raises(errors.PayloadMismatch):
+        agent.advance(
             conn, "t1", tenant_id=T, expected_revision=1, operations=[op("b"), op("a", v=2)]
         )
-    assert task_row(engine, "t1") == before and n_ops(engine) == 1
+    assert task_row(agent.engine, "t1") == before and n_ops(agent.engine) == 1
 
 
-def test_explicit_key_reused_by_another_operation_is_our_error(engine: Engine) -> None:
-    with engine.begin() as conn:
-        api.enqueue(
+def test_explicit_key_reused_by_another_operation_is_our_error(agent: Agent) -> None:
+    with agent.begin() as conn:
+        agent.enqueue(
             conn,
             tenant_id=T,
             task_id="t1",
@@ -302,8 +299,8 @@ def test_explicit_key_reused_by_another_operation_is_our_error(engine: Engine) -
             payload={"n": 1},
             idempotency_key="order-77",
         )
-    with engine.begin() as conn, pytest.raises(errors.DuplicateIdempotencyKey) as caught:
-        api.enqueue(
+    with agent.begin() as conn, pytest.raises(errors.DuplicateIdempotencyKey) as caught:
+        agent.enqueue(
             conn,
             tenant_id=T,
             task_id="t1",
@@ -314,8 +311,8 @@ def test_explicit_key_reused_by_another_operation_is_our_error(engine: Engine) -
         )
     assert caught.value.operation_id == "op-2"  # type: ignore[attr-defined]
     # Another provider (or another tenant) may use the same key.
-    with engine.begin() as conn:
-        api.enqueue(
+    with agent.begin() as conn:
+        agent.enqueue(
             conn,
             tenant_id=T,
             task_id="t1",
@@ -324,7 +321,7 @@ def test_explicit_key_reused_by_another_operation_is_our_error(engine: Engine) -
             payload={"n": 3},
             idempotency_key="order-77",
         )
-        api.enqueue(
+        agent.enqueue(
             conn,
             tenant_id="tenant-b",
             task_id="t1",
@@ -333,12 +330,12 @@ def test_explicit_key_reused_by_another_operation_is_our_error(engine: Engine) -
             payload={"n": 2},
             idempotency_key="order-77",
         )
-    assert n_ops(engine) == 3
+    assert n_ops(agent.engine) == 3
 
 
-def test_explicit_key_equal_to_another_operations_default_key(engine: Engine) -> None:
-    with engine.begin() as conn:
-        api.enqueue(
+def test_explicit_key_equal_to_another_operations_default_key(agent: Agent) -> None:
+    with agent.begin() as conn:
+        agent.enqueue(
             conn,
             tenant_id=T,
             task_id="t1",
@@ -346,8 +343,8 @@ def test_explicit_key_equal_to_another_operations_default_key(engine: Engine) ->
             provider="tickets",
             payload={"n": 1},
         )
-    with engine.begin() as conn, pytest.raises(errors.DuplicateIdempotencyKey):
-        api.enqueue(
+    with agent.begin() as conn, pytest.raises(errors.DuplicateIdempotencyKey):
+        agent.enqueue(
             conn,
             tenant_id=T,
             task_id="t1",
@@ -358,10 +355,10 @@ def test_explicit_key_equal_to_another_operations_default_key(engine: Engine) ->
         )
 
 
-def test_default_key_equal_to_another_operations_explicit_key(engine: Engine) -> None:
+def test_default_key_equal_to_another_operations_explicit_key(agent: Agent) -> None:
     """The derived key of a new operation collides with a key given earlier."""
-    with engine.begin() as conn:
-        api.enqueue(
+    with agent.begin() as conn:
+        agent.enqueue(
             conn,
             tenant_id=T,
             task_id="t1",
@@ -370,8 +367,8 @@ def test_default_key_equal_to_another_operations_explicit_key(engine: Engine) ->
             payload={"n": 1},
             idempotency_key=f"{T}:op-2",
         )
-    with engine.begin() as conn, pytest.raises(errors.DuplicateIdempotencyKey):
-        api.enqueue(
+    with agent.begin() as conn, pytest.raises(errors.DuplicateIdempotencyKey):
+        agent.enqueue(
             conn,
             tenant_id=T,
             task_id="t1",
@@ -379,12 +376,12 @@ def test_default_key_equal_to_another_operations_explicit_key(engine: Engine) ->
             provider="tickets",
             payload={"n": 2},
         )
-    assert n_ops(engine) == 1
+    assert n_ops(agent.engine) == 1
 
 
-def test_reenqueue_without_key_returns_an_operation_staged_with_one(engine: Engine) -> None:
-    with engine.begin() as conn:
-        first = api.enqueue(
+def test_reenqueue_without_key_returns_an_operation_staged_with_one(agent: Agent) -> None:
+    with agent.begin() as conn:
+        first = agent.enqueue(
             conn,
             tenant_id=T,
             task_id="t1",
@@ -393,8 +390,8 @@ def test_reenqueue_without_key_returns_an_operation_staged_with_one(engine: Engi
             payload={"n": 1},
             idempotency_key="k-1",
         )
-    with engine.begin() as conn:
-        again = api.enqueue(
+    with agent.begin() as conn:
+        again = agent.enqueue(
             conn,
             tenant_id=T,
             task_id="t1",
@@ -408,10 +405,10 @@ def test_reenqueue_without_key_returns_an_operation_staged_with_one(engine: Engi
 # --------------------------------------------------------------------- refusals
 
 
-def test_secret_is_refused_at_enqueue_naming_the_path_not_the_value(engine: Engine) -> None:
+def test_secret_is_refused_at_enqueue_naming_the_path_not_the_value(agent: Agent) -> None:
     secret = "hunter2-but-much-longer-Zq8"
-    with engine.begin() as conn, pytest.raises(errors.SecretInPayload) as caught:
-        api.enqueue(
+    with agent.begin() as conn, pytest.raises(errors.SecretInPayload) as caught:
+        agent.enqueue(
             conn,
             tenant_id=T,
             task_id="t1",
@@ -423,24 +420,24 @@ def test_secret_is_refused_at_enqueue_naming_the_path_not_the_value(engine: Engi
     assert err.path == "$.customer.password"  # type: ignore[attr-defined]
     for text in (str(err), repr(err), repr(err.fields)):
         assert secret not in text
-    assert n_ops(engine) == 0
+    assert n_ops(agent.engine) == 0
 
 
-def test_non_json_object_payload_is_refused(engine: Engine) -> None:
+def test_non_json_object_payload_is_refused(agent: Agent) -> None:
     bad: list[Any] = [["not", "an", "object"], "text", 3, {"x": float("nan")}, {"x": object()}]
     for payload in bad:
-        with engine.begin() as conn, pytest.raises(errors.InvalidPayload):
-            api.enqueue(
+        with agent.begin() as conn, pytest.raises(errors.InvalidPayload):
+            agent.enqueue(
                 conn, tenant_id=T, task_id="t1", operation_id="x", provider="p", payload=payload
             )
-    assert n_ops(engine) == 0
+    assert n_ops(agent.engine) == 0
 
 
-def test_payload_or_ref_required(engine: Engine) -> None:
-    with engine.begin() as conn, pytest.raises(errors.InvalidPayload):
-        api.enqueue(conn, tenant_id=T, task_id="t1", operation_id="x", provider="p")
-    with engine.begin() as conn, pytest.raises(errors.InvalidPayload):
-        api.enqueue(
+def test_payload_or_ref_required(agent: Agent) -> None:
+    with agent.begin() as conn, pytest.raises(errors.InvalidPayload):
+        agent.enqueue(conn, tenant_id=T, task_id="t1", operation_id="x", provider="p")
+    with agent.begin() as conn, pytest.raises(errors.InvalidPayload):
+        agent.enqueue(
             conn,
             tenant_id=T,
             task_id="t1",
@@ -449,8 +446,8 @@ def test_payload_or_ref_required(engine: Engine) -> None:
             payload_ref="s3://bucket/x",
         )
     digest = "sha256:" + "ab" * 32
-    with engine.begin() as conn:
-        rec = api.enqueue(
+    with agent.begin() as conn:
+        rec = agent.enqueue(
             conn,
             tenant_id=T,
             task_id="t1",
@@ -462,7 +459,7 @@ def test_payload_or_ref_required(engine: Engine) -> None:
     assert (rec.payload, rec.payload_ref, rec.payload_digest) == (None, "s3://bucket/x", digest)
 
 
-def test_identity_fields_must_be_non_empty(engine: Engine) -> None:
+def test_identity_fields_must_be_non_empty(agent: Agent) -> None:
     for field in ("tenant_id", "task_id", "operation_id", "provider"):
         args: dict[str, Any] = {
             "tenant_id": T,
@@ -472,10 +469,10 @@ def test_identity_fields_must_be_non_empty(engine: Engine) -> None:
             "payload": {"a": 1},
             field: "  ",
         }
-        with engine.begin() as conn, pytest.raises(errors.InvalidPayload) as caught:
-            api.enqueue(conn, **args)
+        with agent.begin() as conn, pytest.raises(errors.InvalidPayload) as caught:
+            agent.enqueue(conn, **args)
         assert caught.value.field == field  # type: ignore[attr-defined]
-    assert n_ops(engine) == 0
+    assert n_ops(agent.engine) == 0
 
 
 # --------------------------------------------------------------------- constraints
@@ -554,28 +551,31 @@ def _set_status(conn: Connection, operation_id: str, status: str) -> None:
     )
 
 
-def test_cancel_task_cancels_pending_and_blocked_and_reports_the_rest(engine: Engine) -> None:
+def test_cancel_task_cancels_pending_and_blocked_and_reports_the_rest(agent: Agent) -> None:
     statuses = ["pending", "blocked", "claimed", "dispatching", "unknown", "applied", "rejected"]
-    with engine.begin() as conn:
-        api.advance(
+    with agent.begin() as conn:
+        agent.advance(
             conn,
             "t1",
             tenant_id=T,
             expected_revision=0,
             operations=[op(f"op-{s}") for s in statuses],
         )
-        api.advance(conn, "t2", tenant_id=T, expected_revision=0, operations=[op("other")])
+        agent.advance(conn, "t2", tenant_id=T, expected_revision=0, operations=[op("other")])
+    with agent.engine.begin() as conn:  # where the dispatcher would have moved them
         for s in statuses[1:]:
             _set_status(conn, f"op-{s}", s)
-    with engine.begin() as conn:
-        result = api.cancel_task(
+    with agent.begin() as conn:
+        result = agent.cancel_task(
             conn, tenant_id=T, task_id="t1", actor="ops@example", reason="customer withdrew"
         )
     assert sorted(result.cancelled) == ["op-blocked", "op-pending"]
     assert sorted(result.too_late) == ["op-claimed", "op-dispatching", "op-unknown"]
 
-    with engine.connect() as conn:
-        task = api.load_task(conn, tenant_id=T, task_id="t1")
+    with agent.connect() as conn:
+        task = agent.load_task(conn, tenant_id=T, task_id="t1")
+        other = agent.get_operation(conn, tenant_id=T, operation_id="other")
+    with agent.engine.connect() as conn:
         events = conn.execute(
             sa.select(
                 events_t.c.operation_id,
@@ -585,7 +585,6 @@ def test_cancel_task_cancels_pending_and_blocked_and_reports_the_rest(engine: En
                 events_t.c.actor,
             ).order_by(events_t.c.id)
         ).all()
-        other = api.get_operation(conn, tenant_id=T, operation_id="other")
     assert task.cancelled_at is not None and task.cancel_reason == "customer withdrew"
     now = {o.operation_id: o for o in task.operations}
     for s in ("pending", "blocked"):
@@ -605,9 +604,9 @@ def test_cancel_task_cancels_pending_and_blocked_and_reports_the_rest(engine: En
     assert {e.actor for e in events} == {"ops@example"}
 
 
-def test_cancel_is_repeatable_and_creates_a_missing_task_row(engine: Engine) -> None:
-    with engine.begin() as conn:
-        api.enqueue(
+def test_cancel_is_repeatable_and_creates_a_missing_task_row(agent: Agent) -> None:
+    with agent.begin() as conn:
+        agent.enqueue(
             conn,
             tenant_id=T,
             task_id="elsewhere",
@@ -615,15 +614,15 @@ def test_cancel_is_repeatable_and_creates_a_missing_task_row(engine: Engine) -> 
             provider="p",
             payload={"a": 1},
         )
-    with engine.begin() as conn:
-        first = api.cancel_task(conn, tenant_id=T, task_id="elsewhere", actor="agent")
+    with agent.begin() as conn:
+        first = agent.cancel_task(conn, tenant_id=T, task_id="elsewhere", actor="agent")
     assert first.cancelled == ("op-1",)
-    row = task_row(engine, "elsewhere")
+    row = task_row(agent.engine, "elsewhere")
     assert row is not None and row["cancelled_at"] is not None
-    with engine.begin() as conn:
-        second = api.cancel_task(conn, tenant_id=T, task_id="elsewhere", actor="agent")
+    with agent.begin() as conn:
+        second = agent.cancel_task(conn, tenant_id=T, task_id="elsewhere", actor="agent")
     assert second.cancelled == () and second.too_late == ()
-    assert task_row(engine, "elsewhere") == row  # first cancellation time kept
+    assert task_row(agent.engine, "elsewhere") == row  # first cancellation time kept
 
 
 def test_plain_sql_cancellation_is_swept(engine: Engine) -> None:

@@ -5,12 +5,13 @@ None`` makes ``import name`` fail as a missing package does)."""
 
 from __future__ import annotations
 
+import importlib
 import sys
 
 import pytest
 
 from dispatcher.cli.main import main
-from outbox.errors import ProviderConfigError
+from outbox.errors import MissingExtra, ProviderConfigError
 from providers.registry import build_providers
 
 
@@ -39,3 +40,11 @@ def test_the_console_without_the_console_extra_is_one_line(
     err = capsys.readouterr().err
     assert err == ("outboxd: configuration error: outboxd console needs the console extra: "
                    "pip install 'outboxd[console]'\n")
+
+
+def test_the_async_api_without_the_aio_extra_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    _without(monkeypatch, "greenlet", "outbox.aio")
+    with pytest.raises(MissingExtra) as caught:
+        importlib.import_module("outbox.aio")
+    assert str(caught.value) == "outbox.aio needs the aio extra: pip install 'outboxd[aio]'"
+    assert isinstance(caught.value, ImportError)  # what code guarding an import expects
