@@ -34,12 +34,15 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Annotated, Any
 
+import psycopg
 import sqlalchemy as sa
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import ChannelVersions, Checkpoint, CheckpointMetadata
+from langgraph.checkpoint.postgres import PostgresSaver
 from langgraph.checkpoint.serde.base import SerializerProtocol
 from langgraph.checkpoint.sqlite import SqliteSaver
 from langgraph.types import interrupt
+from psycopg.rows import DictRow, dict_row, tuple_row
 
 from outbox import errors, staging
 from outbox.records import OperationRecord
@@ -90,28 +93,31 @@ def effect(
     }
 
 
-class OutboxSqliteSaver(SqliteSaver):
-    """LangGraph's ``SqliteSaver`` that stages each node's effects (the writes under
-    ``effects_key``) in the transaction that saves the node's writes."""
+class _StagesEffects:
+    """What both savers add to LangGraph's: the effects of a node's writes (and of a
+    checkpoint that carries them) are taken aside, then staged on the saver's own
+    connection in the transaction its statements run in, and committed with them."""
 
-    def __init__(
-        self,
-        conn: sqlite3.Connection,
-        *,
-        effects_key: str = EFFECTS_KEY,
-        serde: SerializerProtocol | None = None,
-    ) -> None:
-        super().__init__(conn, serde=serde)
+    effects_key: str
+    _pending: threading.local
+    _engine: sa.Engine
+
+    def _join(self, conn: Any, url: str, effects_key: str) -> None:
         self.effects_key = effects_key
         self._pending = threading.local()
         # our statements on the saver's own connection, inside its transaction: no pool
         # of ours, no reset (a rollback) when SQLAlchemy hands the connection back
-        self._engine = sa.create_engine("sqlite://", creator=lambda: conn,
+        self._engine = sa.create_engine(url, creator=lambda: conn,
                                         poolclass=sa.pool.StaticPool, pool_reset_on_return=None)
         # SQLAlchemy's first connect reads the server version and rolls back: now, not
         # inside the first save
-        with self._engine.connect():
+        with self._as_sqlalchemy_wants(conn), self._engine.connect():
             pass
+
+    @contextmanager
+    def _as_sqlalchemy_wants(self, raw: Any) -> Iterator[None]:
+        """The driver connection as SQLAlchemy reads it, while our statements run."""
+        yield
 
     def put_writes(
         self,
@@ -122,7 +128,7 @@ class OutboxSqliteSaver(SqliteSaver):
     ) -> None:
         self._pending.effects = effects_in(writes, self.effects_key, task_id)
         try:
-            super().put_writes(config, writes, task_id, task_path)
+            super().put_writes(config, writes, task_id, task_path)  # type: ignore[misc]
         finally:
             self._pending.effects = None
 
@@ -140,31 +146,108 @@ class OutboxSqliteSaver(SqliteSaver):
             values = checkpoint["channel_values"].get(self.effects_key) or []
             self._pending.effects = effects_in([(self.effects_key, values)], self.effects_key)
         try:
-            return super().put(config, checkpoint, metadata, new_versions)
+            saved: RunnableConfig = super().put(  # type: ignore[misc]
+                config, checkpoint, metadata, new_versions)
+            return saved
         finally:
             self._pending.effects = None
 
-    @contextmanager
-    def cursor(self, transaction: bool = True) -> Iterator[sqlite3.Cursor]:
-        with super().cursor(transaction) as cur:
-            yield cur
-            effects = getattr(self._pending, "effects", None)
-            if effects:
-                self._pending.effects = None
-                self._stage(effects)
+    def _take_effects(self) -> list[dict[str, Any]] | None:
+        effects: list[dict[str, Any]] | None = getattr(self._pending, "effects", None)
+        self._pending.effects = None
+        return effects
 
-    def _stage(self, effects: list[dict[str, Any]]) -> None:
-        """Stage ``effects`` in the open transaction and commit it with them; on any error
-        roll back the whole transaction (the node's writes with it) and raise."""
-        with self._engine.connect() as conn:
+    def _stage(self, effects: list[dict[str, Any]], raw: Any) -> None:
+        """Stage ``effects`` in the transaction open on ``raw`` (the saver's connection)
+        and commit it with them; on any error roll the whole transaction back (the node's
+        writes with it) and raise."""
+        with self._as_sqlalchemy_wants(raw), self._engine.connect() as conn:
             try:
                 for e in effects:
                     staging.enqueue(conn, **e)
                 conn.commit()
             except BaseException:
                 conn.rollback()
-                self.conn.rollback()  # also where nothing of ours ran yet: the writes too
+                raw.rollback()  # also where nothing of ours ran yet: the writes too
                 raise
+
+
+class OutboxSqliteSaver(_StagesEffects, SqliteSaver):
+    """LangGraph's ``SqliteSaver`` that stages each node's effects (the writes under
+    ``effects_key``) in the transaction that saves the node's writes."""
+
+    def __init__(
+        self,
+        conn: sqlite3.Connection,
+        *,
+        effects_key: str = EFFECTS_KEY,
+        serde: SerializerProtocol | None = None,
+    ) -> None:
+        SqliteSaver.__init__(self, conn, serde=serde)
+        self._join(conn, "sqlite://", effects_key)
+
+    @contextmanager
+    def cursor(self, transaction: bool = True) -> Iterator[sqlite3.Cursor]:
+        with super().cursor(transaction) as cur:
+            yield cur
+            effects = self._take_effects()
+            if effects:
+                self._stage(effects, self.conn)
+
+
+class OutboxPostgresSaver(_StagesEffects, PostgresSaver):
+    """LangGraph's ``PostgresSaver`` that stages each node's effects (the writes under
+    ``effects_key``) in the transaction that saves the node's writes.
+
+    ``conn``: one psycopg connection as ``PostgresSaver`` wants it (``autocommit=True``,
+    ``prepare_threshold=0``, ``row_factory=dict_row``), not a pool and not a pipeline: a
+    save that carries effects switches it to a transaction for that save."""
+
+    def __init__(
+        self,
+        conn: psycopg.Connection[DictRow],
+        *,
+        effects_key: str = EFFECTS_KEY,
+        serde: SerializerProtocol | None = None,
+    ) -> None:
+        if not isinstance(conn, psycopg.Connection):
+            raise errors.ConfigError(
+                "OutboxPostgresSaver takes one psycopg Connection (not a pool): the effects "
+                "and the checkpoint commit on one connection")
+        PostgresSaver.__init__(self, conn, serde=serde)
+        self._join(conn, "postgresql+psycopg://", effects_key)
+
+    @contextmanager
+    def _as_sqlalchemy_wants(self, raw: Any) -> Iterator[None]:
+        # PostgresSaver's connection makes dict rows; SQLAlchemy reads tuples (the saver
+        # names its row factory on each of its cursors, so none of its reads change)
+        kept = raw.row_factory
+        raw.row_factory = tuple_row
+        try:
+            yield
+        finally:
+            raw.row_factory = kept
+
+    @contextmanager
+    def _cursor(self, *, pipeline: bool = False) -> Iterator[psycopg.Cursor[DictRow]]:
+        effects = self._take_effects()
+        if not effects:
+            with super()._cursor(pipeline=pipeline) as cur:
+                yield cur
+            return
+        conn = self.conn
+        assert isinstance(conn, psycopg.Connection)
+        with self.lock:
+            conn.autocommit = False  # the saver's statements and ours: one transaction
+            try:
+                with conn.cursor(binary=True, row_factory=dict_row) as cur:
+                    yield cur
+                self._stage(effects, conn)
+            except BaseException:
+                conn.rollback()
+                raise
+            finally:
+                conn.autocommit = True
 
 
 def effects_in(
