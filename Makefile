@@ -35,6 +35,9 @@ check: $(STAMP) lint ## the inner loop: lint and every test that starts no daemo
 demo: $(STAMP) ## run the whole promise on the embedded SQLite default
 	$(BIN)/outboxd demo
 
+demo-langgraph: $(STAMP) ## a LangGraph graph staging, killed, resuming, continuing with the receipt
+	$(BIN)/python examples/langgraph/demo.py
+
 bench: $(STAMP) ## side-by-side throughput ratios (needs PostgreSQL); writes docs/bench-latest.md
 	$(BIN)/pip install -q 'procrastinate>=3' 'pgqueuer[asyncpg,psycopg]>=1.6,<2'
 	$(BIN)/python -m bench --out docs/bench-latest.md
@@ -45,4 +48,4 @@ soak: $(STAMP) ## the long seeded chaos soak
 clean: ## remove the virtualenv and caches
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache build *.egg-info
 
-.PHONY: help install lint test check demo bench soak clean
+.PHONY: help install lint test check demo demo-langgraph bench soak clean

@@ -1,54 +1,50 @@
-"""A LangGraph support agent whose tool node stages its effect through outboxd.
+"""A LangGraph support agent whose tool node's effect commits with its checkpoint.
 
-The graph is ``triage -> open_ticket -> END``. ``open_ticket`` is the tool node: instead of
-calling the ticket system, it stages ``ticket`` operations with :func:`outbox.enqueue`; the
-``outboxd run`` sidecar sends them with a stable idempotency key.
+The graph is ``triage -> open_ticket -> await_ticket -> reply``. ``open_ticket`` is the
+tool node: instead of calling the ticket system it returns the effect under the state's
+``outbox`` key (``outbox.frameworks.langgraph.effect``), and the checkpointer —
+LangGraph's own SQLite or PostgreSQL saver, extended by ``outbox.frameworks.langgraph`` —
+writes it into ``outbox_operations`` in the same transaction as the node's saved writes.
+The ``outboxd run`` sidecar sends it. ``await_ticket`` waits for the receipt
+(``outbox.frameworks.langgraph.receipt``) and ``reply`` answers with the ticket's id.
 
-The operation id is derived from where the node runs, not from what it produced:
-``lg:<thread_id>:<checkpoint_ns>`` — LangGraph's checkpoint namespace of a running task
-is ``<parent ns>|<node>:<task id>``, and the task id is a deterministic hash of the
-checkpoint it runs from, the step and the node. So:
+So whatever happens to this process, the thread resumes to exactly one ticket:
 
-* re-running an interrupted node (the process died inside it, before LangGraph saved the
-  node's writes) derives the SAME operation id — whatever the model says the second time;
-* a regenerated, different payload under that id is refused (``PayloadMismatch``) rather
-  than sent: the payload staged first is the one that goes out, once;
-* resuming a finished thread re-runs nothing; a NEW turn on the thread starts from a new
-  checkpoint, gets a new task id, and is a new effect — as it should be.
-
-This needs checkpoints written before each step runs (``durability="sync"``): with
-asynchronous checkpoint writes, a crash can lose the checkpoint the task id is derived
-from. The outbox row and LangGraph's checkpoint live in different databases and commit
-separately; the derived id is what ties them together.
+* killed inside ``open_ticket`` (before its save): nothing was staged, nothing saved; the
+  resumed run runs the node again, under the same task id, and stages the effect once;
+* killed right after the save: effect and checkpoint are both there; the resumed run
+  does not run ``open_ticket`` again;
+* killed while waiting for the receipt: the resumed run waits again;
+* an effect that needs a person (``--approval``: ``blocked``, ``approval_missing``)
+  interrupts the graph; after ``outboxd approve`` the resumed run continues with the
+  receipt.
 
 Run (``pip install 'outboxd[langgraph]'``; a sim and ``outboxd.toml`` as in
-``examples/python_agent.py``):
+``examples/python_agent.py``, both on the same database):
 
-    python examples/langgraph/graph.py --database sqlite:///agent.db \\
-        --checkpoints graph.sqlite --thread support-42 --case case-8472 --crash
-    python examples/langgraph/graph.py --database sqlite:///agent.db \\
-        --checkpoints graph.sqlite --thread support-42 --case case-8472
-    outboxd run --once --config outboxd.toml
+    python examples/langgraph/graph.py --database sqlite:///agent.db --thread support-42 \\
+        --case case-8472 --crash in-node
+    python examples/langgraph/graph.py --database sqlite:///agent.db --thread support-42
+    outboxd run --config outboxd.toml          # meanwhile, in another terminal
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
-import sqlite3
 import sys
 from datetime import UTC, datetime
 from typing import Any, TypedDict
 
-import sqlalchemy as sa
 from langchain_core.runnables import RunnableConfig
-from langgraph.checkpoint.sqlite import SqliteSaver
 from langgraph.graph import END, START, StateGraph
+from langgraph.types import Command
 
-import outbox
-from outbox import db
-from outbox.errors import PayloadMismatch
+from outbox import db, migrate
+from outbox.errors import WaitTimeout
+from outbox.frameworks.langgraph import Effects, effect, open_saver, receipt
 
 TENANT = "acme"
 PROVIDER = "tickets"
@@ -56,23 +52,13 @@ PROVIDER = "tickets"
 
 class SupportState(TypedDict, total=False):
     case: str
-    needs_ticket: bool
-    ticket_operation: str
-    ticket_status: str
+    outbox: Effects
+    ticket: dict[str, Any]
+    reply: str
 
 
 def say(text: str) -> None:
     print(f"graph: {text}", flush=True)
-
-
-def operation_id_for(config: RunnableConfig, effect: str) -> str:
-    """A stable id for the effect of this task: thread, checkpoint namespace, task."""
-    conf = config.get("configurable", {})
-    thread, ns = str(conf["thread_id"]), str(conf.get("checkpoint_ns", ""))
-    task = str(conf.get("__pregel_task_id", ""))  # already the tail of ns; kept if not
-    if task and not ns.endswith(task):
-        ns = f"{ns}:{task}"
-    return f"lg:{thread}:{ns}:{effect}"
 
 
 def draft_ticket(case: str) -> dict[str, Any]:
@@ -85,53 +71,89 @@ def draft_ticket(case: str) -> dict[str, Any]:
     }
 
 
-def build(engine: sa.Engine, checkpointer: SqliteSaver, *, crash_in_tool: bool = False) -> Any:
+def crash(where: str) -> None:
+    say(f"crashing {where} (SIGKILL)")
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def build(saver: Any, engine: Any, *, crash_at: str | None, approval: bool,
+          timeout: float) -> Any:
     def triage(state: SupportState) -> SupportState:
-        return {"needs_ticket": True}
+        return {}
 
     def open_ticket(state: SupportState, config: RunnableConfig) -> SupportState:
-        op_id = operation_id_for(config, "ticket")
-        payload = draft_ticket(state["case"])
-        try:
-            with engine.begin() as conn:
-                rec = outbox.enqueue(conn, tenant_id=TENANT, task_id=state["case"],
-                                     operation_id=op_id, provider=PROVIDER, payload=payload)
-            say(f"staged {op_id} ({rec.status.value})")
-        except PayloadMismatch:
-            say(f"regenerated payload refused (PayloadMismatch) for {op_id}: the payload "
-                "staged first stands; nothing new will be sent")
-            with engine.connect() as conn:
-                rec = outbox.get_operation(conn, tenant_id=TENANT, operation_id=op_id)
-        if crash_in_tool:
-            say("crashing inside the tool node (SIGKILL), before LangGraph saves its writes")
-            os.kill(os.getpid(), signal.SIGKILL)
-        return {"ticket_operation": op_id, "ticket_status": rec.status.value}
+        staged = effect(config, "ticket", tenant_id=TENANT, provider=PROVIDER,
+                        payload=draft_ticket(state["case"]), requires_approval=approval)
+        say(f"staging {staged['operation_id']}")
+        if crash_at == "in-node":
+            crash("inside open_ticket, before its save")
+        return {"outbox": [staged]}
+
+    def await_ticket(state: SupportState) -> SupportState:
+        if crash_at == "after-commit":
+            crash("right after open_ticket's save")
+        staged = state["outbox"][-1]
+        say(f"waiting for the receipt of {staged['operation_id']}")
+        op = receipt(engine, staged, timeout=timeout)
+        say(f"{op.operation_id} is {op.status.value}")
+        return {"ticket": {"status": op.status.value, "receipt": op.receipt}}
+
+    def reply(state: SupportState) -> SupportState:
+        receipt_ = state["ticket"]["receipt"] or {}
+        # the receiver's answer; or, for an effect found by reconciliation (the answer was
+        # lost), what its look-up returned
+        answer = receipt_.get("lookup", receipt_) if receipt_.get("reconciled") else receipt_
+        body = answer.get("body") if isinstance(answer.get("body"), dict) else {}
+        ticket_id = body.get("effect_id") or json.dumps(receipt_, sort_keys=True)
+        return {"reply": f"ticket {ticket_id} opened"}
 
     graph = StateGraph(SupportState)
-    graph.add_node("triage", triage)
-    graph.add_node("open_ticket", open_ticket)
+    for name, node in (("triage", triage), ("open_ticket", open_ticket),
+                       ("await_ticket", await_ticket), ("reply", reply)):
+        graph.add_node(name, node)
     graph.add_edge(START, "triage")
     graph.add_edge("triage", "open_ticket")
-    graph.add_edge("open_ticket", END)
-    return graph.compile(checkpointer=checkpointer)
+    graph.add_edge("open_ticket", "await_ticket")
+    graph.add_edge("await_ticket", "reply")
+    graph.add_edge("reply", END)
+    return graph.compile(checkpointer=saver)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--database", required=True, help="the outbox's SQLAlchemy URL")
-    parser.add_argument("--checkpoints", required=True, help="LangGraph's SQLite file")
+    parser.add_argument("--database", required=True,
+                        help="one SQLAlchemy URL for the outbox and the checkpoints")
     parser.add_argument("--thread", required=True)
     parser.add_argument("--case", default="case-8472")
-    parser.add_argument("--crash", action="store_true",
-                        help="SIGKILL inside the tool node, after staging")
+    parser.add_argument("--crash", choices=["in-node", "after-commit"],
+                        help="SIGKILL this process there")
+    parser.add_argument("--approval", action="store_true",
+                        help="the ticket needs an approval (outboxd approve) before it is sent")
+    parser.add_argument("--timeout", type=float, default=60.0,
+                        help="seconds to wait for the receipt")
     args = parser.parse_args(argv)
     engine = db.create_engine(args.database)
-    conn = sqlite3.connect(args.checkpoints, check_same_thread=False)
+    migrate.upgrade(engine)
     try:
-        app = build(engine, SqliteSaver(conn), crash_in_tool=args.crash)
+        return run(args, engine)
+    except WaitTimeout as exc:
+        say(f"no receipt yet: {exc.operation_id} is still {exc.status}; "  # type: ignore[attr-defined]
+            "run again to keep waiting")
+        return 4
+    finally:
+        engine.dispose()
+
+
+def run(args: argparse.Namespace, engine: Any) -> int:
+    with open_saver(args.database) as saver:
+        app = build(saver, engine, crash_at=args.crash, approval=args.approval,
+                    timeout=args.timeout)
         config: RunnableConfig = {"configurable": {"thread_id": args.thread}}
         snapshot = app.get_state(config)
-        if snapshot.next:
+        if snapshot.interrupts:
+            say(f"resuming thread {args.thread} after: {snapshot.interrupts[0].value}")
+            result = app.invoke(Command(resume="resolved"), config, durability="sync")
+        elif snapshot.next:
             say(f"resuming thread {args.thread} at {', '.join(snapshot.next)}")
             result = app.invoke(None, config, durability="sync")
         elif snapshot.values:
@@ -140,14 +162,11 @@ def main(argv: list[str] | None = None) -> int:
         else:
             say(f"starting thread {args.thread} for {args.case}")
             result = app.invoke({"case": args.case}, config, durability="sync")
-        with engine.connect() as c:
-            op = outbox.get_operation(c, tenant_id=TENANT,
-                                      operation_id=result["ticket_operation"])
-        say(f"ticket operation {op.operation_id} is {op.status.value}")
-        return 0
-    finally:
-        conn.close()
-        engine.dispose()
+    if "__interrupt__" in result:
+        say(f"interrupted: {result['__interrupt__'][0].value}")
+        return 3
+    say(f"reply: {result['reply']}")
+    return 0
 
 
 if __name__ == "__main__":

@@ -44,7 +44,7 @@ from langgraph.checkpoint.sqlite import SqliteSaver
 from langgraph.types import interrupt
 from psycopg.rows import DictRow, dict_row, tuple_row
 
-from outbox import errors, staging
+from outbox import db, errors, staging
 from outbox.records import OperationRecord
 from outbox.states import OperationStatus
 from outbox.waiting import wait_for
@@ -248,6 +248,28 @@ class OutboxPostgresSaver(_StagesEffects, PostgresSaver):
                 raise
             finally:
                 conn.autocommit = True
+
+
+@contextmanager
+def open_saver(url: str) -> Iterator[OutboxSqliteSaver | OutboxPostgresSaver]:
+    """The saver for the database at ``url`` (the outbox's, migrated), on a connection of
+    its own that is closed at the end: ``sqlite:///path`` or ``postgresql://…``."""
+    url = db.normalise_url(url)
+    if url.startswith("sqlite:///"):
+        conn = sqlite3.connect(url.removeprefix("sqlite:///"), check_same_thread=False)
+        try:
+            yield OutboxSqliteSaver(conn)
+        finally:
+            conn.close()
+        return
+    if not url.startswith("postgresql+psycopg://"):
+        raise errors.ConfigError("open_saver takes a sqlite:/// or postgresql:// URL, "
+                                 f"not {url.split(':')[0]}:")
+    with psycopg.connect(url.replace("postgresql+psycopg://", "postgresql://", 1),
+                         autocommit=True, prepare_threshold=0, row_factory=dict_row) as pg:
+        saver = OutboxPostgresSaver(pg)
+        saver.setup()
+        yield saver
 
 
 def effects_in(

@@ -1,53 +1,47 @@
-"""examples/langgraph/graph.py with LangGraph's SQLite checkpointer, as real processes:
-the tool node is SIGKILLed after staging; resuming the thread re-runs the node, derives
-the same operation id, and its regenerated payload is refused (PayloadMismatch) instead of
-sent; a finished thread re-runs nothing. The sim counts one effect."""
+"""examples/langgraph/graph.py, as real processes on both dialects: a graph whose tool
+node's effect commits with its checkpoint (``outbox.frameworks.langgraph``), an ``outboxd
+run`` sidecar and an ``outboxd sim`` receiver. The graph, or the dispatcher, is SIGKILLed
+at each point that matters; every run ends with the effect applied exactly once at the
+receiver and the graph finishing with the receipt in its reply.
+
+| kill | where |
+|---|---|
+| ``in-node`` | the graph, inside the tool node, before its save |
+| ``after-commit`` | the graph, right after the tool node's save |
+| ``while-waiting`` | the graph, while it waits for the receipt (the dispatcher down) |
+| ``while-sending`` | the dispatcher, after the receiver applied, before it recorded |
+
+An effect that needs an approval interrupts the graph; after the approval the resumed run
+finishes with the receipt.
+"""
 
 from __future__ import annotations
 
-import importlib.util
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
 
+import outbox
 from outbox import db
-from tests.support.daemon import http_provider, run_once, write_config
+from tests.dispatcher import FAST_PROVIDER, failpoints
+from tests.support.daemon import DaemonProcess, http_provider, wait_until, write_config
 from tests.support.sim import REPO_ROOT, SimProcess
 
 GRAPH = REPO_ROOT / "examples" / "langgraph" / "graph.py"
+THREAD = "support-42"
+pytestmark = pytest.mark.slow
 
 
-def _missing() -> list[str]:
-    missing = []
-    for name in ("langgraph", "langgraph.checkpoint.sqlite"):
-        try:
-            found = importlib.util.find_spec(name) is not None
-        except ModuleNotFoundError:
-            found = False
-        if not found:
-            missing.append(name)
-    return missing
-
-
-MISSING = _missing()
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(bool(MISSING), reason=(
-        f"LangGraph example NOT RUN: {', '.join(MISSING)} not installed "
-        "(pip install -e '.[langgraph]')")),
-]
-
-
-def graph(url: str, checkpoints: Path, *args: str) -> subprocess.CompletedProcess[str]:
+def graph(url: str, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, str(GRAPH), "--database", url, "--checkpoints", str(checkpoints),
-         "--thread", "support-42", "--case", "case-8472", *args],
-        cwd=REPO_ROOT, capture_output=True, text=True, timeout=90, check=False,
-    )
+        [sys.executable, str(GRAPH), "--database", url, "--thread", THREAD, *args],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
 
 
 def operations(url: str) -> list[tuple[str, str]]:
@@ -58,28 +52,104 @@ def operations(url: str) -> list[tuple[str, str]]:
     return [(str(o), str(s)) for o, s in rows]
 
 
-def test_resumed_tool_node_cannot_repeat_or_replace_the_effect(
-    tmp_path: Path, sqlite_url: str
-) -> None:
-    checkpoints = tmp_path / "graph.sqlite"
-    crashed = graph(sqlite_url, checkpoints, "--crash")
-    assert crashed.returncode == -signal.SIGKILL, crashed.stderr
-    [(op_id, status)] = operations(sqlite_url)
-    assert op_id.startswith("lg:support-42:open_ticket:") and op_id.endswith(":ticket")
-    assert status == "pending"
+class Setup:
+    def __init__(self, url: str, tmp_path: Path, sim: SimProcess) -> None:
+        self.url, self.sim = url, sim
+        self.config = write_config(tmp_path, url,
+                                   {"tickets": http_provider(sim, **FAST_PROVIDER)},
+                                   dispatcher={"lease_seconds": 1.0})
 
-    resumed = graph(sqlite_url, checkpoints)
-    assert resumed.returncode == 0, resumed.stderr
-    assert "resuming thread support-42 at open_ticket" in resumed.stdout
-    assert f"regenerated payload refused (PayloadMismatch) for {op_id}" in resumed.stdout
-    assert operations(sqlite_url) == [(op_id, "pending")]
+    def sidecar(self, spec: str | None = None) -> DaemonProcess:
+        return DaemonProcess(self.config, env=failpoints(spec) if spec else None)
 
+    def finished_once(self, done: subprocess.CompletedProcess[str]) -> str:
+        """The graph finished with the receipt, and the receiver holds one effect."""
+        assert done.returncode == 0, done.stdout + done.stderr
+        [(op_id, status)] = operations(self.url)
+        assert status == "applied"
+        assert op_id.startswith(f"lg:{THREAD}:open_ticket:") and op_id.endswith(":ticket")
+        stats = self.sim.stats()
+        assert stats["effects_per_key"] == {f"acme:{op_id}": 1}
+        assert stats["duplicates"] == 0
+        reply = [line for line in done.stdout.splitlines() if "reply: ticket" in line]
+        assert reply and "reply: ticket eff_" in reply[0], done.stdout  # the receipt's id
+        return op_id
+
+
+@pytest.fixture
+def setup(db_url: str, tmp_path: Path) -> Iterator[Setup]:
     with SimProcess(tmp_path) as sim:
-        cfg = write_config(tmp_path, sqlite_url, {"tickets": http_provider(sim)})
-        assert run_once(cfg).returncode == 0
-        again = graph(sqlite_url, checkpoints)
-        assert "already finished: nothing is re-run" in again.stdout, again.stdout + again.stderr
-        stats = sim.stats()
-    assert stats["effects_per_key"] == {f"acme:{op_id}": 1}
-    assert stats["duplicates"] == 0
-    assert operations(sqlite_url) == [(op_id, "applied")]
+        yield Setup(db_url, tmp_path, sim)
+
+
+@pytest.mark.parametrize("point", ["in-node", "after-commit"])
+def test_a_graph_killed_around_its_save_resumes_to_one_effect(setup: Setup, point: str) -> None:
+    crashed = graph(setup.url, "--crash", point)
+    assert crashed.returncode == -signal.SIGKILL, crashed.stdout + crashed.stderr
+    staged = operations(setup.url)
+    # both or neither: nothing staged before the save; the effect with it after
+    assert [s for _, s in staged] == ([] if point == "in-node" else ["pending"])
+    with setup.sidecar():
+        resumed = graph(setup.url)
+    assert f"resuming thread {THREAD}" in resumed.stdout, resumed.stdout + resumed.stderr
+    op_id = setup.finished_once(resumed)
+    if staged:
+        assert staged[0][0] == op_id  # the staged effect is the one sent
+    again = graph(setup.url)
+    assert "already finished: nothing is re-run" in again.stdout
+    assert setup.sim.stats()["requests"] == 1
+
+
+def test_a_graph_killed_while_it_waits_waits_again(setup: Setup) -> None:
+    with subprocess.Popen(
+        [sys.executable, str(GRAPH), "--database", setup.url, "--thread", THREAD],
+        cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    ) as waiting:  # fmt: skip
+        assert waiting.stdout is not None
+        for line in waiting.stdout:  # no sidecar yet: it waits for good
+            if "waiting for the receipt" in line:
+                break
+        waiting.send_signal(signal.SIGKILL)
+        assert waiting.wait(timeout=30) == -signal.SIGKILL
+    assert [s for _, s in operations(setup.url)] == ["pending"]
+    with setup.sidecar():
+        setup.finished_once(graph(setup.url))
+
+
+def test_a_dispatcher_killed_while_it_sends_leaves_one_effect(setup: Setup) -> None:
+    """The receiver applied; the dispatcher died before recording it. The next one finds
+    the effect by looking it up (same key), records it, and the graph gets its receipt."""
+    with setup.sidecar("after_send=kill") as first, subprocess.Popen(
+        [sys.executable, str(GRAPH), "--database", setup.url, "--thread", THREAD],
+        cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    ) as waiting:  # fmt: skip
+        wait_until(lambda: not first.alive(), timeout=60, message="the send and the kill")
+        assert setup.sim.stats()["requests"] == 1
+        with setup.sidecar():
+            out, _ = waiting.communicate(timeout=90)
+        done = subprocess.CompletedProcess(waiting.args, waiting.returncode, out, "")
+    setup.finished_once(done)
+
+
+def test_the_demo_stages_crashes_resumes_and_replies_with_the_receipt() -> None:
+    done = subprocess.run([sys.executable, str(GRAPH.with_name("demo.py"))], cwd=REPO_ROOT,
+                          capture_output=True, text=True, timeout=180, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "crashing right after open_ticket's save" in done.stdout
+    assert "is still pending" in done.stdout and "demo: OK" in done.stdout
+
+
+def test_an_effect_that_needs_an_approval_interrupts_and_resumes(setup: Setup) -> None:
+    with setup.sidecar():
+        held = graph(setup.url, "--approval")
+        assert held.returncode == 3, held.stdout + held.stderr
+        assert "approval_missing" in held.stdout and "blocked" in held.stdout
+        [(op_id, status)] = operations(setup.url)
+        assert status == "blocked" and setup.sim.stats()["requests"] == 0
+        engine = db.create_engine(setup.url)
+        with engine.begin() as conn:
+            outbox.approve(conn, tenant_id="acme", operation_id=op_id, actor="ops@example")
+        engine.dispose()
+        resumed = graph(setup.url)
+    assert "resuming thread" in resumed.stdout
+    assert setup.finished_once(resumed) == op_id
