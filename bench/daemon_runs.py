@@ -11,7 +11,7 @@ from typing import Any
 
 import psycopg
 
-from bench.harness import REPO, Deadline, log, peak_rss_mb, sa_url, xact_commits
+from bench.harness import REPO, Deadline, log, peak_rss_mb, sa_url, writing_commits
 from outbox import db, migrate
 
 
@@ -88,7 +88,7 @@ def drain(
     with tempfile.TemporaryDirectory() as tmp:
         cfg = write_config(Path(tmp), via or dsn, batch=batch, provider=provider,
                            database=database)
-        commits_before = xact_commits(dsn)
+        commits_before = writing_commits(dsn)
         procs = [
             subprocess.Popen(
                 [sys.executable, "-m", "dispatcher.cli", "run", "--config", str(cfg)],
@@ -97,14 +97,12 @@ def drain(
             )
             for _ in range(replicas)
         ]
-        polls = 0
         rss = 0.0
         deadline = Deadline(timeout)
         try:
             with psycopg.connect(dsn, autocommit=True) as conn:
                 while not deadline.passed():
                     time.sleep(0.25)
-                    polls += 1
                     rss = max(rss, peak_rss_mb(procs[0].pid))
                     row = conn.execute(
                         "SELECT count(*) FILTER (WHERE status = 'applied'), "
@@ -121,7 +119,7 @@ def drain(
                 p.terminate()
             for p in procs:
                 p.wait(timeout=30)
-        commits = xact_commits(dsn) - commits_before - polls - 2
+        commits = writing_commits(dsn) - commits_before
     return {"rows_per_s": rows / seconds, "commits_per_op": commits / rows, "rss_mb": rss}
 
 

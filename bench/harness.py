@@ -38,12 +38,15 @@ def sa_url(dsn: str) -> str:
     return "postgresql+psycopg://" + dsn.split("://", 1)[1]
 
 
-def xact_commits(dsn: str) -> int:
-    with psycopg.connect(dsn) as conn:
+def writing_commits(dsn: str) -> int:
+    """How many transactions that wrote have started on the server: the next transaction
+    id (read without taking one). A commit that costs a WAL flush is one of these; a
+    read-only transaction — a poll, or a LISTEN connection reading the notification queue
+    after another session's NOTIFY — takes no transaction id and is not counted (the
+    server's ``xact_commit`` counts both). Cluster-wide: the bench runs alone."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
         row = conn.execute(
-            "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()"
-        ).fetchone()
-        conn.execute("SELECT pg_stat_clear_snapshot()")
+            "SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint").fetchone()
     assert row is not None
     return int(row[0])
 

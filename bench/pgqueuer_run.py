@@ -6,8 +6,8 @@ outboxd.
 Run as a subprocess: ``python -m bench.pgqueuer_run DSN DRIVER JOBS BATCH`` (DRIVER is
 ``asyncpg`` or ``psycopg``) prints ``JOBS_PER_S COMMITS_PER_JOB``. The jobs are enqueued
 first, then timed from the consumer's start until drain mode returns (the queue empty,
-every job's completion written). Commits are the database's ``xact_commit`` over the
-drain, its statistics flushed on both sides of it.
+every job's completion written). Commits are the transactions that wrote over the drain
+(``bench.harness.writing_commits``), counted as for outboxd.
 
 Its psycopg driver shares one connection between its NOTIFY watcher
 (``notifies(timeout=1.0)``) and its queries, and psycopg 3.2+ locks the connection for
@@ -25,7 +25,7 @@ import time
 from datetime import timedelta
 from typing import Any
 
-from bench.harness import REPO, xact_commits
+from bench.harness import REPO, writing_commits
 
 ENQUEUE_CHUNK = 1_000
 STATS_FLUSH_S = 1.2
@@ -66,7 +66,7 @@ async def _run(dsn: str, driver: str, jobs: int, batch: int) -> tuple[float, flo
             return None
 
         await asyncio.sleep(STATS_FLUSH_S)
-        before = xact_commits(dsn)
+        before = writing_commits(dsn)
         t0 = time.perf_counter()
         await qm.run(batch_size=batch, mode=QueueExecutionMode.drain,
                      dequeue_timeout=timedelta(seconds=1))
@@ -74,7 +74,7 @@ async def _run(dsn: str, driver: str, jobs: int, batch: int) -> tuple[float, flo
     finally:
         await conn.close()
     await asyncio.sleep(STATS_FLUSH_S)
-    commits = xact_commits(dsn) - before - 1  # less the read of `before` itself
+    commits = writing_commits(dsn) - before
     return jobs / seconds, commits / jobs
 
 
