@@ -3,7 +3,9 @@
 Wire protocol (DESIGN.md, contract): see :mod:`providers.http_response` for the status
 table. Request headers: ``Idempotency-Key``, ``Outbox-Operation-Id``,
 ``Outbox-Fencing-Token``, ``Outbox-Tenant``, ``traceparent`` (when the row has one), and
-the configured ``headers`` whose values are ``env:``/``file:`` references.
+the configured ``headers`` whose values are ``env:``/``file:`` references; with
+``signing = "standard-webhooks"``, the Standard Webhooks headers
+(:mod:`providers.webhook_signing`) over the exact body bytes sent.
 
 Transport failures are split by whether the request may have reached the receiver:
 connect errors, connect timeouts and pool timeouts happen before a byte is written
@@ -30,6 +32,7 @@ from urllib.parse import quote
 import httpx
 
 from outbox.credential_refs import Secret, resolve_secret
+from providers import webhook_signing
 from providers.base import (
     Capabilities,
     Dispatch,
@@ -42,6 +45,7 @@ from providers.base import (
 )
 from providers.http_response import build_receipt, classify_response, transport_outcome
 from providers.options import SectionReader, read_capabilities
+from providers.webhook_signing import WebhookSigner
 
 log = logging.getLogger("outboxd.providers.http")
 
@@ -49,7 +53,7 @@ KIND: Final = "http"
 PROTOCOL_HEADERS: Final = frozenset(
     {"idempotency-key", "outbox-operation-id", "outbox-fencing-token", "outbox-tenant",
      "traceparent", "content-type", "content-length", "host", "accept-encoding"}
-)
+) | webhook_signing.HEADERS
 _TOKEN = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
 _HEADER_VALUE = re.compile(r"^[\t\x20-\x7e]*$")
 BEFORE_WRITE_ERRORS: Final = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
@@ -74,8 +78,10 @@ class HttpProvider:
         connect_timeout_seconds: float = 5.0,
         max_response_bytes: int = 64 * 1024,
         max_connections: int = 64,
+        signer: WebhookSigner | None = None,
     ) -> None:
         self.name = name
+        self._signer = signer
         self.capabilities = capabilities
         self.url = url
         self.lookup_url = lookup_url
@@ -121,11 +127,13 @@ class HttpProvider:
 
     def send(self, dispatch: Dispatch) -> Outcome:
         try:
-            body = json.dumps(dispatch.payload, separators=(",", ":"), ensure_ascii=False)
-            request = self._client.build_request(
-                "POST", self.url, content=body.encode("utf-8"),
-                headers=self._request_headers(dispatch),
-            )
+            body = json.dumps(dispatch.payload, separators=(",", ":"),
+                              ensure_ascii=False).encode("utf-8")
+            headers = self._request_headers(dispatch)
+            if self._signer is not None:  # over the exact bytes sent, at this attempt
+                headers.update(self._signer.headers(dispatch.idempotency_key, body))
+            request = self._client.build_request("POST", self.url, content=body,
+                                                 headers=headers)
         except Exception as exc:  # nothing left the process: a definite, local refusal
             outcome = transport_outcome(
                 OutcomeKind.REJECTED, TransportPhase.BEFORE_WRITE, exc,
@@ -235,6 +243,29 @@ def _check_url(reader: SectionReader, key: str, value: str) -> str:
     return value
 
 
+def _read_signing(reader: SectionReader) -> WebhookSigner | None:
+    """``signing = "standard-webhooks"`` with ``signing_secrets`` (references), or None."""
+    scheme = reader.choice("signing", "none", ("none", webhook_signing.SCHEME))
+    references = reader.raw("signing_secrets")
+    if scheme == "none":
+        if references is not None:
+            raise reader.error("signing_secrets", "is set but signing is not: add "
+                               f'signing = "{webhook_signing.SCHEME}"')
+        return None
+    if not isinstance(references, list) or not references:
+        raise reader.error("signing_secrets", 'needs at least one secret reference, e.g. '
+                           '["env:WEBHOOK_SECRET"] (the newest first while rotating)')
+    keys = []
+    for i, reference in enumerate(references):
+        key = f"signing_secrets[{i}]"
+        secret = resolve_secret(reference, reader.key(key))
+        try:
+            keys.append(webhook_signing.secret_key(secret))
+        except ValueError as exc:
+            raise reader.error(key, f"{secret.reference} {exc}") from None
+    return WebhookSigner(keys)
+
+
 def build_http(name: str, reader: SectionReader) -> HttpProvider:
     """Build from a ``[providers.NAME]`` table with ``kind = "http"``."""
     url = _check_url(reader, "url", reader.string("url", required=True))
@@ -251,6 +282,7 @@ def build_http(name: str, reader: SectionReader) -> HttpProvider:
         if header.lower() in PROTOCOL_HEADERS:
             raise reader.error(key, "is set by the provider and cannot be configured")
         headers[header] = resolve_secret(reference, reader.key(key))
+    signer = _read_signing(reader)
     mismatch = reader.integer("mismatch_status", 422)
     if mismatch not in (400, 422):
         raise reader.error("mismatch_status", "must be 422 or 400")
@@ -266,6 +298,7 @@ def build_http(name: str, reader: SectionReader) -> HttpProvider:
         ),
         "max_response_bytes": reader.integer("max_response_bytes", 64 * 1024, minimum=1024),
         "max_connections": reader.integer("max_connections", 64, minimum=1),
+        "signer": signer,
     }
     reader.finish()
     return HttpProvider(
