@@ -56,6 +56,9 @@ class Dispatch:
     attempt: int = 1
     payload_digest: str | None = None
     traceparent: str | None = None
+    created_at: datetime | None = None
+    """When the agent staged the operation (the row's ``created_at``): the same on every
+    attempt (a CloudEvents envelope's ``time``)."""
 
 
 class OutcomeKind(enum.StrEnum):

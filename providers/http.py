@@ -32,7 +32,7 @@ from urllib.parse import quote
 import httpx
 
 from outbox.credential_refs import Secret, resolve_secret
-from providers import webhook_signing
+from providers import cloudevents_envelope, webhook_signing
 from providers.base import (
     Capabilities,
     Dispatch,
@@ -43,6 +43,7 @@ from providers.base import (
     OutcomeKind,
     TransportPhase,
 )
+from providers.cloudevents_envelope import Envelope
 from providers.http_response import build_receipt, classify_response, transport_outcome
 from providers.options import SectionReader, read_capabilities
 from providers.webhook_signing import WebhookSigner
@@ -79,9 +80,11 @@ class HttpProvider:
         max_response_bytes: int = 64 * 1024,
         max_connections: int = 64,
         signer: WebhookSigner | None = None,
+        envelope: Envelope | None = None,
     ) -> None:
         self.name = name
         self._signer = signer
+        self._envelope = envelope
         self.capabilities = capabilities
         self.url = url
         self.lookup_url = lookup_url
@@ -127,9 +130,13 @@ class HttpProvider:
 
     def send(self, dispatch: Dispatch) -> Outcome:
         try:
-            body = json.dumps(dispatch.payload, separators=(",", ":"),
-                              ensure_ascii=False).encode("utf-8")
             headers = self._request_headers(dispatch)
+            if self._envelope is not None:
+                body, described = self._envelope.wrap(dispatch, dispatch.payload)
+                headers.update(described)
+            else:
+                body = json.dumps(dispatch.payload, separators=(",", ":"),
+                                  ensure_ascii=False).encode("utf-8")
             if self._signer is not None:  # over the exact bytes sent, at this attempt
                 headers.update(self._signer.headers(dispatch.idempotency_key, body))
             request = self._client.build_request("POST", self.url, content=body,
@@ -266,6 +273,22 @@ def _read_signing(reader: SectionReader) -> WebhookSigner | None:
     return WebhookSigner(keys)
 
 
+def _read_envelope(name: str, reader: SectionReader) -> Envelope | None:
+    """``envelope = "cloudevents-binary" | "cloudevents-structured"``, or None."""
+    mode = reader.choice("envelope", "none", ("none", *cloudevents_envelope.MODES))
+    source = reader.optional_string("event_source")
+    type_ = reader.optional_string("event_type")
+    if mode == "none":
+        for key, value in (("event_source", source), ("event_type", type_)):
+            if value is not None:
+                raise reader.error(key, "is set but envelope is not: add envelope = "
+                                   f'"{cloudevents_envelope.BINARY}" or '
+                                   f'"{cloudevents_envelope.STRUCTURED}"')
+        return None
+    return Envelope(mode, source=source or cloudevents_envelope.default_source(name),
+                    type_=type_ or cloudevents_envelope.default_type(name))
+
+
 def build_http(name: str, reader: SectionReader) -> HttpProvider:
     """Build from a ``[providers.NAME]`` table with ``kind = "http"``."""
     url = _check_url(reader, "url", reader.string("url", required=True))
@@ -283,6 +306,9 @@ def build_http(name: str, reader: SectionReader) -> HttpProvider:
             raise reader.error(key, "is set by the provider and cannot be configured")
         headers[header] = resolve_secret(reference, reader.key(key))
     signer = _read_signing(reader)
+    envelope = _read_envelope(name, reader)
+    if envelope is not None and any(h.lower().startswith("ce-") for h in headers):
+        raise reader.error("headers", "ce- headers are the CloudEvents envelope's")
     mismatch = reader.integer("mismatch_status", 422)
     if mismatch not in (400, 422):
         raise reader.error("mismatch_status", "must be 422 or 400")
@@ -299,6 +325,7 @@ def build_http(name: str, reader: SectionReader) -> HttpProvider:
         "max_response_bytes": reader.integer("max_response_bytes", 64 * 1024, minimum=1024),
         "max_connections": reader.integer("max_connections", 64, minimum=1),
         "signer": signer,
+        "envelope": envelope,
     }
     reader.finish()
     return HttpProvider(

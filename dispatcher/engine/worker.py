@@ -335,6 +335,7 @@ class Worker:
             attempt=item.attempt,
             payload_digest=item.digest,
             traceparent=op.traceparent,
+            created_at=op.created_at,
         )
         t0 = time.perf_counter()
         try:
