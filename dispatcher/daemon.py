@@ -36,6 +36,7 @@ from dispatcher.maintenance.reconcile import Reconciler
 from dispatcher.maintenance.retention import RetentionJob
 from dispatcher.maintenance.verifier import Verifier
 from dispatcher.observability import endpoint, metrics
+from dispatcher.observability.tracing import Tracing
 from outbox import db, migrate
 from outbox.errors import ConfigError, MigrationError
 from outbox.stop_signals import StopSignals
@@ -88,6 +89,9 @@ class Daemon:
             ),
             authority=authority,
             artifacts=artifact_store(config),
+            tracing=Tracing.build(enabled=config.tracing.enabled,
+                                  exporter=config.tracing.exporter,
+                                  service_name=config.tracing.service_name),
         )
         self.recovery = LeaseRecovery(self.engine, actor=self.worker_id)
         self.reconciler = Reconciler(
@@ -206,6 +210,7 @@ class Daemon:
                 self._server.shutdown()
                 self._server.server_close()
             self.worker.close()
+            self.worker.tracing.shutdown()
             close_providers(self.providers)
             self.engine.dispose()
             log.info("dispatcher stopped", extra={"worker": self.worker_id})

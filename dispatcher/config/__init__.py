@@ -33,6 +33,7 @@ from dispatcher.config.sections import (
     MetricsConfig,
     ProtectionConfig,
     RetentionConfig,
+    TracingConfig,
 )
 from dispatcher.config.values import RawValue, build_section, env_provider_value, freeze
 from outbox import db
@@ -53,6 +54,7 @@ __all__ = [
     "MetricsConfig",
     "ProtectionConfig",
     "RetentionConfig",
+    "TracingConfig",
     "config_to_dict",
     "load_config",
     "protection_of",

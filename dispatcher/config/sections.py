@@ -184,6 +184,18 @@ class MetricsConfig:
 
 
 @dataclass(frozen=True)
+class TracingConfig:
+    enabled: bool = False
+    """Each dispatch attempt is an OpenTelemetry span under the agent's trace (the tracing
+    extra). Off: nothing of OpenTelemetry is imported; the row's traceparent still travels."""
+    exporter: str = field(default="otlp", metadata={"choices": ("otlp", "console")})
+    """otlp: OTLP over HTTP, configured by the standard OTEL_EXPORTER_OTLP_* variables;
+    console: spans printed to stdout (trying it out)."""
+    service_name: str = field(default="outboxd", metadata={"check": _check_nonempty})
+    """The spans' service.name resource attribute."""
+
+
+@dataclass(frozen=True)
 class RetentionConfig:
     enabled: bool = False
     """Purge old data on a schedule. Off by default: deleting evidence is an explicit choice."""
@@ -254,6 +266,7 @@ class Config:
     """Path of the file read, or None."""
     artifacts: ArtifactsConfig = field(default_factory=ArtifactsConfig)
     protection: ProtectionConfig = field(default_factory=ProtectionConfig)
+    tracing: TracingConfig = field(default_factory=TracingConfig)
 
     def protected_providers(self) -> frozenset[str]:
         """Providers with ``protect_payloads = true``."""
@@ -267,4 +280,5 @@ SECTIONS: dict[str, type[Any]] = {
     "retention": RetentionConfig,
     "artifacts": ArtifactsConfig,
     "protection": ProtectionConfig,
+    "tracing": TracingConfig,
 }

@@ -29,6 +29,7 @@ from dispatcher.engine.checks import AuthorityCheck, NoAuthority, pre_dispatch, 
 from dispatcher.engine.recording import InFlight, decide, observe, recorded
 from dispatcher.engine.settings import WorkerSettings
 from dispatcher.observability import metrics
+from dispatcher.observability.tracing import Tracing
 from dispatcher.store import journal, store_for
 from dispatcher.store.transitions import Recorded, Transition
 from outbox.protection.artifacts import ArtifactStore
@@ -49,8 +50,11 @@ class Worker:
         settings: WorkerSettings,
         authority: AuthorityCheck | None = None,
         artifacts: ArtifactStore | None = None,
+        *,
+        tracing: Tracing | None = None,
     ) -> None:
         self.engine = engine
+        self.tracing = tracing or Tracing()
         # PostgreSQL: the claim and the record are each ONE statement, so they run as their
         # own transaction (autocommit: no BEGIN/COMMIT round trips); SQLite's claim is
         # several statements under BEGIN IMMEDIATE.
@@ -325,6 +329,9 @@ class Worker:
         payload = item.payload if item.payload is not None else op.payload
         if not isinstance(payload, Mapping):  # admission refuses these; never sent as {}
             payload = {}
+        span = (None if self.tracing.tracer is None else
+                self.tracing.start(op, provider=op.provider, token=item.token,
+                                   attempt=item.attempt))
         dispatch = Dispatch(
             tenant_id=op.tenant_id,
             task_id=op.task_id,
@@ -334,7 +341,7 @@ class Worker:
             payload=payload,
             attempt=item.attempt,
             payload_digest=item.digest,
-            traceparent=op.traceparent,
+            traceparent=op.traceparent if span is None else span.traceparent,
             created_at=op.created_at,
         )
         t0 = time.perf_counter()
@@ -349,6 +356,8 @@ class Worker:
                 reason="provider raised",
             )
         item.duration = time.perf_counter() - t0
+        if span is not None:
+            span.end(item.outcome)
         metrics.DISPATCH_DURATION.labels(op.provider).observe(item.duration)
         self._finish(item)
 

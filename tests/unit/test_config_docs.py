@@ -20,6 +20,7 @@ SECTIONS = {
     "retention": config.RetentionConfig,
     "artifacts": config.ArtifactsConfig,
     "protection": config.ProtectionConfig,
+    "tracing": config.TracingConfig,
 }
 
 
