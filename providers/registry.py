@@ -45,10 +45,22 @@ def _build_nats(name: str, reader: SectionReader) -> Provider:
     return build_nats(name, reader)
 
 
+def _build_rabbitmq(name: str, reader: SectionReader) -> Provider:
+    try:  # pika comes with outboxd[rabbitmq], imported only when configured
+        from providers.rabbitmq import build_rabbitmq
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").partition(".")[0] != "pika":
+            raise
+        raise ProviderConfigError(f"providers.{name}.kind: \"rabbitmq\" needs the rabbitmq "
+                                  "extra: pip install 'outboxd[rabbitmq]'") from None
+    return build_rabbitmq(name, reader)
+
+
 BUILDERS: Final[Mapping[str, Builder]] = {
     "http": _build_http,
     "null": _build_null,
     "nats": _build_nats,
+    "rabbitmq": _build_rabbitmq,
 }
 KNOWN_KINDS: Final = frozenset(BUILDERS)
 
