@@ -20,6 +20,7 @@ from providers.registry import build_providers
 from tests.providers.scripted import make_dispatch
 
 URL = "amqp://127.0.0.1:5672/%2F"
+pytestmark = pytest.mark.xdist_group("rabbitmq")  # the chaos test restarts the broker
 
 
 def _unavailable(why: str) -> None:
