@@ -17,7 +17,8 @@ So whatever happens to this process, the thread resumes to exactly one ticket:
 * killed while waiting for the receipt: the resumed run waits again;
 * an effect that needs a person (``--approval``: ``blocked``, ``approval_missing``)
   interrupts the graph; after ``outboxd approve`` the resumed run continues with the
-  receipt.
+  receipt; so does one nobody can tell happened (``unknown`` for ``--patience`` seconds),
+  after ``outboxd ops resolve``.
 
 Run (``pip install 'outboxd[langgraph]'``; a sim and ``outboxd.toml`` as in
 ``examples/python_agent.py``, both on the same database):
@@ -77,7 +78,7 @@ def crash(where: str) -> None:
 
 
 def build(saver: Any, engine: Any, *, crash_at: str | None, approval: bool,
-          timeout: float) -> Any:
+          timeout: float, patience: float | None = None) -> Any:
     def triage(state: SupportState) -> SupportState:
         return {}
 
@@ -94,7 +95,7 @@ def build(saver: Any, engine: Any, *, crash_at: str | None, approval: bool,
             crash("right after open_ticket's save")
         staged = state["outbox"][-1]
         say(f"waiting for the receipt of {staged['operation_id']}")
-        op = receipt(engine, staged, timeout=timeout)
+        op = receipt(engine, staged, timeout=timeout, unknown_patience=patience)
         say(f"{op.operation_id} is {op.status.value}")
         return {"ticket": {"status": op.status.value, "receipt": op.receipt}}
 
@@ -131,6 +132,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="the ticket needs an approval (outboxd approve) before it is sent")
     parser.add_argument("--timeout", type=float, default=60.0,
                         help="seconds to wait for the receipt")
+    parser.add_argument("--patience", type=float, default=None,
+                        help="seconds of 'unknown' before asking a person (an interrupt)")
     args = parser.parse_args(argv)
     engine = db.create_engine(args.database)
     migrate.upgrade(engine)
@@ -147,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
 def run(args: argparse.Namespace, engine: Any) -> int:
     with open_saver(args.database) as saver:
         app = build(saver, engine, crash_at=args.crash, approval=args.approval,
-                    timeout=args.timeout)
+                    timeout=args.timeout, patience=args.patience)
         config: RunnableConfig = {"configurable": {"thread_id": args.thread}}
         snapshot = app.get_state(config)
         if snapshot.interrupts:

@@ -27,7 +27,7 @@ import pytest
 import sqlalchemy as sa
 
 import outbox
-from outbox import db
+from outbox import db, overrides
 from tests.dispatcher import FAST_PROVIDER, failpoints
 from tests.support.daemon import DaemonProcess, http_provider, wait_until, write_config
 from tests.support.sim import REPO_ROOT, SimProcess
@@ -129,6 +129,39 @@ def test_a_dispatcher_killed_while_it_sends_leaves_one_effect(setup: Setup) -> N
             out, _ = waiting.communicate(timeout=90)
         done = subprocess.CompletedProcess(waiting.args, waiting.returncode, out, "")
     setup.finished_once(done)
+
+
+def test_an_unknown_effect_interrupts_and_a_resolution_resumes(
+    db_url: str, tmp_path: Path
+) -> None:
+    """A receiver that applies, then drops the connection, with no look-up and no
+    deduplication: the attempt is ambiguous and nobody can tell — ``unknown``, then
+    ``blocked`` (``needs_operator``: with no look-up only a person can settle it), never
+    re-sent. The graph asks a person; after ``resolve`` it goes on."""
+    with SimProcess(tmp_path, "--p-drop-after-apply", "1.0") as sim:
+        provider = {k: v for k, v in http_provider(sim, **FAST_PROVIDER).items()
+                    if k != "lookup_url"}
+        cfg = write_config(tmp_path, db_url, {"tickets": {**provider,
+                                                          "dedup_retention_seconds": 0}})
+        with DaemonProcess(cfg):
+            held = graph(db_url, "--patience", "0.5")
+            assert held.returncode == 3, held.stdout + held.stderr
+            [(op_id, status)] = operations(db_url)
+            assert status in ("unknown", "blocked")
+            assert f"'status': '{status}'" in held.stdout
+            engine = db.create_engine(db_url)
+            with engine.begin() as conn:
+                overrides.resolve(conn, tenant_id="acme", operation_id=op_id,
+                                  outcome="applied", actor="ops@example",
+                                  reason="seen in the ticket system", evidence="TICKET-1")
+            engine.dispose()
+            resumed = graph(db_url, "--patience", "0.5")
+        assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+        assert f"{op_id} is applied" in resumed.stdout
+        assert operations(db_url) == [(op_id, "applied")]
+        stats = sim.stats()
+    assert stats["effects_per_key"] == {f"acme:{op_id}": 1}  # sent once, never again
+    assert stats["requests"] == 1
 
 
 def test_the_demo_stages_crashes_resumes_and_replies_with_the_receipt() -> None:
