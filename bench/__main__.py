@@ -16,7 +16,16 @@ from pathlib import Path
 
 from bench import daemon_runs as d
 from bench import harness as h
-from bench import http_compare, latency, pgqueuer_run, pooler_run, raw, sqlite_run
+from bench import (
+    http_compare,
+    latency,
+    pgqueuer_run,
+    pooler_run,
+    rabbitmq_compare,
+    raw,
+    sqlite_run,
+    tracing_cost,
+)
 
 
 def _fresh(fn):  # type: ignore[no-untyped-def]
@@ -95,6 +104,15 @@ def main(argv: list[str] | None = None) -> int:
                        ">= 0.8" if batch == 10 else ">= 0.6"))
         ratios.append((f"commits per operation, batch {batch}", commits.median,
                        f"<= {3 / batch * 1.05:.4f}"))
+        if batch == 100 and importlib.util.find_spec("opentelemetry.sdk") is not None:
+            tracedf = h.repeat(
+                "outboxd null provider, batch 100, [tracing] on", "rows/s", runs,
+                _fresh(lambda dsn, n=n: tracing_cost.drain_traced(dsn, n, 100)),
+                note="a span per attempt, OTLP/HTTP to a loopback collector",
+            )
+            figs.append(tracedf)
+            ratios.append(("[tracing] on / off, batch 100", tracedf.median / oursf.median,
+                           "report"))
         if batch == 100:
             sqlitef = h.repeat(
                 "outboxd null provider, SQLite, batch 100",
@@ -130,6 +148,23 @@ def main(argv: list[str] | None = None) -> int:
     rawhttp = h.Figure("raw httpx client, same receiver", "req/s", [p[1] for p in pair])
     figs += [httpf, rawhttp]
     ratios.append(("outboxd HTTP / raw httpx", httpf.median / rawhttp.median, ">= 0.8"))
+
+    h.log("4b. RabbitMQ provider vs raw pika publishing with confirms")
+    if not rabbitmq_compare.available():
+        h.log("  no RabbitMQ on 127.0.0.1:5672: skipped")
+    else:
+        mq_rows = 1_000 if args.quick else 5_000
+        mq_pair: list[tuple[float, float]] = []
+
+        def mq_run(dsn: str) -> float:
+            mq_pair.append(rabbitmq_compare.compare(dsn, mq_rows))
+            return mq_pair[-1][0]
+
+        mqf = h.repeat("outboxd RabbitMQ provider", "msg/s", runs, _fresh(mq_run))
+        rawmq = h.Figure("raw pika client, confirms, same broker", "msg/s",
+                         [p[1] for p in mq_pair])
+        figs += [mqf, rawmq]
+        ratios.append(("outboxd RabbitMQ / raw pika", mqf.median / rawmq.median, "report"))
 
     h.log("5. Procrastinate no-op jobs")
     if importlib.util.find_spec("procrastinate") is None:

@@ -38,7 +38,7 @@ def fill(dsn: str, rows: int, provider: str = "sink", start: int = 0) -> None:
 
 
 def write_config(directory: Path, dsn: str, *, batch: int, provider: str,
-                 database: str = "") -> Path:
+                 database: str = "", extra: str = "") -> Path:
     path = directory / "bench.toml"
     path.write_text(f"""
 [database]
@@ -53,6 +53,7 @@ recovery_interval_seconds = 5
 log_level = "WARNING"
 [metrics]
 enabled = false
+{extra}
 {provider}
 """)
     return path
@@ -80,6 +81,7 @@ def drain(
     timeout: float = 300,
     via: str | None = None,
     database: str = "",
+    extra: str = "",
 ) -> dict[str, float]:
     """Start ``replicas`` daemons on a filled backlog and wait until it is applied.
     Returns rows/s (first claim to last applied, on the database clock), commits per op
@@ -87,7 +89,7 @@ def drain(
     front of ``dsn``), with ``database`` added to their ``[database]`` table."""
     with tempfile.TemporaryDirectory() as tmp:
         cfg = write_config(Path(tmp), via or dsn, batch=batch, provider=provider,
-                           database=database)
+                           database=database, extra=extra)
         commits_before = writing_commits(dsn)
         procs = [
             subprocess.Popen(

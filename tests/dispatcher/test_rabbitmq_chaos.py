@@ -18,6 +18,7 @@ import uuid
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pika
 import pytest
@@ -67,20 +68,22 @@ def broker(action: str) -> None:
     subprocess.run(["rabbitmqctl", action], check=True, capture_output=True, timeout=120)
 
 
-def settled(engine: Engine) -> bool:
+def settled(engine: Engine, final: tuple[str, ...]) -> bool:
     counts = status_counts(engine)
-    return sum(counts.get(s, 0) for s in ("applied", "unknown", "blocked")) == N
+    return sum(counts.get(s, 0) for s in final) == N
 
 
-@pytest.mark.parametrize("dialect", both())
-def test_kills_and_a_broker_restart_lose_nothing_and_publish_nothing_twice(
-    request: pytest.FixtureRequest, tmp_path: Path, dialect: str, queue: str
-) -> None:
+def run_with_faults(request: pytest.FixtureRequest, tmp_path: Path, dialect: str, queue: str,
+                    final: tuple[str, ...] = ("applied", "unknown", "blocked"),
+                    **declaration: float) -> tuple[dict[str, Any], Counter[str], int, int]:
+    """Drain N operations through one SIGKILL and one broker restart until every one is
+    in a ``final`` state; the rows by operation id, the messages per message id, and the
+    kills and restarts made."""
     db_url = url_for(request, dialect)
     cfg = write_config(tmp_path, db_url, {"bus": {
         "kind": "rabbitmq", "url": URL, "routing_key": queue, "timeout_seconds": 2,
         "in_flight_seconds": 2, "max_attempts": 20, "max_elapsed_seconds": 600,
-        "retry_max_delay_seconds": 0.5}},
+        "retry_max_delay_seconds": 0.5, **declaration}},
         dispatcher={"lease_seconds": 2, "batch_size": 10, "concurrency": 4})
     with engine_at(db_url) as engine:
         ids = stage(engine, N, provider="bus")
@@ -97,14 +100,22 @@ def test_kills_and_a_broker_restart_lose_nothing_and_publish_nothing_twice(
             broker("stop_app")
             restarts += 1
             broker("start_app")
-            wait_until(lambda: settled(engine), timeout=120, interval=0.2,
-                       message="every operation applied, unknown or blocked")
+            wait_until(lambda: settled(engine, final), timeout=120, interval=0.2,
+                       message=f"every operation {' or '.join(final)}")
         seen = messages_per_key(queue)
         with engine.connect() as conn:
             rows = {r.operation_id: r for r in conn.execute(sa.text(
                 "SELECT operation_id, idempotency_key, status, last_outcome "
                 "FROM outbox_operations"))}
     assert set(rows) == set(ids)
+    return rows, seen, kills, restarts
+
+
+@pytest.mark.parametrize("dialect", both())
+def test_kills_and_a_broker_restart_lose_nothing_and_publish_nothing_twice(
+    request: pytest.FixtureRequest, tmp_path: Path, dialect: str, queue: str
+) -> None:
+    rows, seen, kills, restarts = run_with_faults(request, tmp_path, dialect, queue)
     assert max(seen.values()) == 1, "a message was published twice"
     applied = [r for r in rows.values() if r.status == "applied"]
     uncertain = [r for r in rows.values() if r.status in ("unknown", "blocked")]
@@ -115,3 +126,4 @@ def test_kills_and_a_broker_restart_lose_nothing_and_publish_nothing_twice(
           f"restart(s): {len(applied)} applied, {len(uncertain)} unknown/blocked "
           f"({sum(seen[r.idempotency_key] for r in uncertain)} of them left a message), "
           f"{sum(seen.values())} messages, 0 duplicates")
+
