@@ -10,6 +10,7 @@ configuration stops the daemon at start-up, not at the first dispatch.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import re
 from collections.abc import Callable, Mapping
 from typing import Any, Final
@@ -34,33 +35,29 @@ def _build_null(name: str, reader: SectionReader) -> Provider:
     return build_null(name, reader)
 
 
-def _build_nats(name: str, reader: SectionReader) -> Provider:
-    try:  # nats-py comes with outboxd[nats], imported only when configured
-        from providers.nats import build_nats
-    except ModuleNotFoundError as exc:
-        if (exc.name or "").partition(".")[0] != "nats":
-            raise
-        raise ProviderConfigError(f"providers.{name}.kind: \"nats\" needs the nats extra: "
-                                  "pip install 'outboxd[nats]'") from None
-    return build_nats(name, reader)
+def _needs_extra(kind: str, module: str, builder: str, package: str) -> Builder:
+    """A builder imported only when ``kind`` is configured, from ``module``: its client
+    ``package`` comes with the ``outboxd[kind]`` extra, and without it the error is one
+    line naming the extra."""
 
+    def build(name: str, reader: SectionReader) -> Provider:
+        try:
+            built: Builder = getattr(importlib.import_module(module), builder)
+        except ModuleNotFoundError as exc:
+            if (exc.name or "").partition(".")[0] != package:
+                raise
+            raise ProviderConfigError(f"providers.{name}.kind: \"{kind}\" needs the {kind} "
+                                      f"extra: pip install 'outboxd[{kind}]'") from None
+        return built(name, reader)
 
-def _build_rabbitmq(name: str, reader: SectionReader) -> Provider:
-    try:  # pika comes with outboxd[rabbitmq], imported only when configured
-        from providers.rabbitmq import build_rabbitmq
-    except ModuleNotFoundError as exc:
-        if (exc.name or "").partition(".")[0] != "pika":
-            raise
-        raise ProviderConfigError(f"providers.{name}.kind: \"rabbitmq\" needs the rabbitmq "
-                                  "extra: pip install 'outboxd[rabbitmq]'") from None
-    return build_rabbitmq(name, reader)
+    return build
 
 
 BUILDERS: Final[Mapping[str, Builder]] = {
     "http": _build_http,
     "null": _build_null,
-    "nats": _build_nats,
-    "rabbitmq": _build_rabbitmq,
+    "nats": _needs_extra("nats", "providers.nats", "build_nats", "nats"),
+    "rabbitmq": _needs_extra("rabbitmq", "providers.rabbitmq", "build_rabbitmq", "pika"),
 }
 KNOWN_KINDS: Final = frozenset(BUILDERS)
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-import uuid
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,27 +26,16 @@ from sqlalchemy.engine import Engine
 
 from tests.dispatcher import both, engine_at, stage, url_for
 from tests.support.daemon import DaemonProcess, status_counts, wait_until, write_config
+from tests.support.rabbitmq import URL, declared_queue
 
 N = 300
-URL = "amqp://127.0.0.1:5672/%2F"
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("rabbitmq")]
 
 
 @pytest.fixture
 def queue() -> Iterator[str]:
-    name = f"outbox-chaos-{uuid.uuid4().hex[:10]}"
-    try:
-        conn = pika.BlockingConnection(pika.URLParameters(URL))
-    except pika.exceptions.AMQPError as exc:
-        from tests.providers.test_rabbitmq import _unavailable
-
-        _unavailable(type(exc).__name__)
-    conn.channel().queue_declare(name, durable=True)
-    conn.close()
-    yield name
-    conn = pika.BlockingConnection(pika.URLParameters(URL))
-    conn.channel().queue_delete(name)
-    conn.close()
+    with declared_queue("outbox-chaos") as name:
+        yield name
 
 
 def messages_per_key(queue: str) -> Counter[str]:

@@ -5,8 +5,6 @@ broker skips with a loud reason, and fails under ``CI=true``."""
 from __future__ import annotations
 
 import json
-import os
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -18,31 +16,15 @@ from providers.base import LookupConsistency, LookupKind, OutcomeKind, Transport
 from providers.rabbitmq import RabbitMqProvider
 from providers.registry import build_providers
 from tests.providers.scripted import make_dispatch
+from tests.support.rabbitmq import URL, declared_queue
 
-URL = "amqp://127.0.0.1:5672/%2F"
 pytestmark = pytest.mark.xdist_group("rabbitmq")  # the chaos test restarts the broker
-
-
-def _unavailable(why: str) -> None:
-    message = f"RabbitMQ is not reachable on 127.0.0.1:5672 ({why})"
-    if os.environ.get("CI") == "true":
-        pytest.fail(message + " (CI=true: a skipped RabbitMQ test is a failure)")
-    pytest.skip(message)
 
 
 @pytest.fixture
 def queue() -> Iterator[str]:
-    """A uniquely named durable queue on the default exchange; deleted after."""
-    name = f"outbox-test-{uuid.uuid4().hex[:10]}"
-    try:
-        conn = pika.BlockingConnection(pika.URLParameters(URL))
-    except pika.exceptions.AMQPError as exc:
-        _unavailable(type(exc).__name__)
-    channel = conn.channel()
-    channel.queue_declare(name, durable=True)
-    yield name
-    channel.queue_delete(name)
-    conn.close()
+    with declared_queue("outbox-test") as name:
+        yield name
 
 
 def received(queue: str) -> list[tuple[Any, Any]]:
