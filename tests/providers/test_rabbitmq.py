@@ -18,8 +18,6 @@ from providers.registry import build_providers
 from tests.providers.scripted import make_dispatch
 from tests.support.rabbitmq import URL, declared_queue
 
-pytestmark = pytest.mark.xdist_group("rabbitmq")  # the chaos test restarts the broker
-
 
 @pytest.fixture
 def queue() -> Iterator[str]:
