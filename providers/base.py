@@ -59,6 +59,10 @@ class Dispatch:
     created_at: datetime | None = None
     """When the agent staged the operation (the row's ``created_at``): the same on every
     attempt (a CloudEvents envelope's ``time``)."""
+    first_dispatched_at: datetime | None = None
+    """When the operation's first attempt began: the start of the receiver's deduplication
+    window for its key. Given to ``lookup`` (a look-up whose evidence expires with that
+    window can tell whether it still holds)."""
 
 
 class OutcomeKind(enum.StrEnum):

@@ -35,10 +35,12 @@ def _build_null(name: str, reader: SectionReader) -> Provider:
     return build_null(name, reader)
 
 
-def _needs_extra(kind: str, module: str, builder: str, package: str) -> Builder:
+def _needs_extra(kind: str, module: str, builder: str, package: str,
+                 extra: str | None = None) -> Builder:
     """A builder imported only when ``kind`` is configured, from ``module``: its client
-    ``package`` comes with the ``outboxd[kind]`` extra, and without it the error is one
-    line naming the extra."""
+    ``package`` comes with the ``outboxd[extra]`` extra (``extra`` defaults to ``kind``),
+    and without it the error is one line naming the extra."""
+    extra = extra or kind
 
     def build(name: str, reader: SectionReader) -> Provider:
         try:
@@ -46,8 +48,8 @@ def _needs_extra(kind: str, module: str, builder: str, package: str) -> Builder:
         except ModuleNotFoundError as exc:
             if (exc.name or "").partition(".")[0] != package:
                 raise
-            raise ProviderConfigError(f"providers.{name}.kind: \"{kind}\" needs the {kind} "
-                                      f"extra: pip install 'outboxd[{kind}]'") from None
+            raise ProviderConfigError(f"providers.{name}.kind: \"{kind}\" needs the {extra} "
+                                      f"extra: pip install 'outboxd[{extra}]'") from None
         return built(name, reader)
 
     return build
@@ -58,6 +60,8 @@ BUILDERS: Final[Mapping[str, Builder]] = {
     "null": _build_null,
     "nats": _needs_extra("nats", "providers.nats", "build_nats", "nats"),
     "rabbitmq": _needs_extra("rabbitmq", "providers.rabbitmq", "build_rabbitmq", "pika"),
+    "redis_stream": _needs_extra("redis_stream", "providers.redis_stream",
+                                 "build_redis_stream", "redis", extra="redis"),
 }
 KNOWN_KINDS: Final = frozenset(BUILDERS)
 

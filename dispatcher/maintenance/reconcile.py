@@ -93,6 +93,8 @@ class Reconciler:
                 attempt=row.attempts,
                 payload_digest=row.payload_digest,
                 traceparent=row.traceparent,
+                created_at=row.created_at,
+                first_dispatched_at=row.first_dispatched_at,
             )
         )
         failpoints.hit("in_reconcile")

@@ -1,10 +1,14 @@
-"""A loopback TCP proxy that loses one reply: the fault that makes a publish ambiguous.
+"""A loopback TCP proxy that loses one reply: the fault that makes a write ambiguous.
 
 Every connection is relayed both ways to the real server. Once armed with a marker, the
-client's bytes up to the end of the AMQP frame holding the marker are relayed, the
-server's replies after that are held back until the one holding the server's ``basic.ack``
-has arrived — the broker has taken the message — and then both sides are closed. The
-client saw its publish leave and the connection drop before any confirm: it cannot know.
+client's bytes up to the end of the message holding the marker are relayed, the server's
+replies after that are held back until the awaited reply has arrived — the server has
+done the write — and then both sides are closed. The client saw its request leave and the
+connection drop before any answer: it cannot know.
+
+The defaults speak AMQP (the message ends with its frame; the awaited reply is the
+broker's ``basic.ack``); ``message_end=None`` relays the whole chunk holding the marker
+and ``reply`` names any other protocol's answer (Redis: ``b"\r\n"``).
 """
 
 from __future__ import annotations
@@ -19,8 +23,11 @@ BASIC_ACK = b"\x00\x3c\x00\x50"  # class basic (60), method ack (80)
 
 
 class CuttingProxy:
-    def __init__(self, upstream_port: int, host: str = "127.0.0.1") -> None:
+    def __init__(self, upstream_port: int, host: str = "127.0.0.1", *,
+                 message_end: bytes | None = FRAME_END, reply: bytes = BASIC_ACK) -> None:
         self._upstream = (host, upstream_port)
+        self._message_end = message_end
+        self._reply = reply
         self._listener = socket.create_server((host, 0))
         self.port: int = self._listener.getsockname()[1]
         self._marker: bytes | None = None
@@ -40,11 +47,14 @@ class CuttingProxy:
         with self._lock:
             if self._marker is None or (at := seen.find(self._marker)) < 0:
                 return None
-            end = seen.find(FRAME_END, at)
+            if self._message_end is None:
+                self._marker = None
+                return len(seen)
+            end = seen.find(self._message_end, at)
             if end < 0:
                 return None
             self._marker = None
-            return end + 1
+            return end + len(self._message_end)
 
     def _accept(self) -> None:
         while not self._stopping:
@@ -93,7 +103,7 @@ class CuttingProxy:
                     client.sendall(chunk)
                     continue
                 held += chunk
-                if BASIC_ACK in held:
+                if self._reply in held:
                     break
         except OSError:
             pass

@@ -32,6 +32,17 @@ def test_a_nats_provider_without_the_nats_extra_is_one_line(
         "providers.bus.kind: \"nats\" needs the nats extra: pip install 'outboxd[nats]'")
 
 
+def test_a_redis_stream_provider_without_the_redis_extra_is_one_line(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _without(monkeypatch, "redis", "providers.redis_stream")
+    section = {"kind": "redis_stream", "stream": "effects"}
+    with pytest.raises(ProviderConfigError) as caught:
+        build_providers({"bus": section})
+    assert str(caught.value) == ("providers.bus.kind: \"redis_stream\" needs the redis "
+                                 "extra: pip install 'outboxd[redis]'")
+
+
 def test_the_console_without_the_console_extra_is_one_line(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
