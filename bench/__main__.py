@@ -23,6 +23,7 @@ from bench import (
     pooler_run,
     rabbitmq_compare,
     raw,
+    redis_compare,
     sqlite_run,
     tracing_cost,
 )
@@ -165,6 +166,24 @@ def main(argv: list[str] | None = None) -> int:
                          [p[1] for p in mq_pair])
         figs += [mqf, rawmq]
         ratios.append(("outboxd RabbitMQ / raw pika", mqf.median / rawmq.median, "report"))
+
+    h.log("4c. Redis Streams provider vs raw redis-py XADD")
+    if not redis_compare.available():
+        h.log("  redis-server not installed: skipped")
+    else:
+        rs_rows = 1_000 if args.quick else 5_000
+        rs_pair: list[tuple[float, float]] = []
+
+        def rs_run(dsn: str) -> float:
+            rs_pair.append(redis_compare.compare(dsn, rs_rows))
+            return rs_pair[-1][0]
+
+        rsf = h.repeat("outboxd Redis Streams provider", "entries/s", runs, _fresh(rs_run))
+        rawrs = h.Figure("raw redis-py XADD, same server", "entries/s",
+                         [p[1] for p in rs_pair])
+        figs += [rsf, rawrs]
+        ratios.append(("outboxd Redis Streams / raw XADD", rsf.median / rawrs.median,
+                       "report"))
 
     h.log("5. Procrastinate no-op jobs")
     if importlib.util.find_spec("procrastinate") is None:

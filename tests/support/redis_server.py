@@ -73,6 +73,32 @@ class RedisServer:
             self.process.send_signal(sig)
             self.process.wait(timeout=30)
 
+    def pause(self) -> None:
+        """SIGSTOP: the server takes connections' bytes into its socket buffers and answers
+        nothing (a frozen server, until it is killed or continued)."""
+        assert self.process is not None
+        self.process.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self.process is not None
+        self.process.send_signal(signal.SIGCONT)
+
+    def unread_bytes(self) -> int:
+        """Bytes clients have sent that the server has not read (its connections' receive
+        queues, from /proc/net/tcp): > 0 while paused means a request is in flight."""
+        total = 0
+        for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+            try:
+                lines = Path(table).read_text().splitlines()[1:]
+            except OSError:
+                continue
+            for line in lines:
+                fields = line.split()
+                local, queues = fields[1], fields[4]
+                if int(local.rsplit(":", 1)[1], 16) == self.port:
+                    total += int(queues.split(":")[1], 16)
+        return total
+
     def restart(self) -> None:
         """SIGKILL, then start again on the same port with the same data."""
         self.kill()
