@@ -238,7 +238,9 @@ def build_redis_stream(name: str, reader: SectionReader) -> RedisStreamProvider:
     client = redis.Redis.from_url(
         url, username=user, password=password, socket_timeout=capabilities.timeout_seconds,
         socket_connect_timeout=capabilities.timeout_seconds,
-        retry=Retry(NoBackoff(), 0))
+        retry=Retry(NoBackoff(), 0),  # one attempt per send: the dispatcher retries
+        protocol=2, driver_info=None)  # no HELLO, no CLIENT SETINFO: a new connection's
+    # first command is the append (one round trip, and nothing else that can hang)
     check_server(name, client)
     return RedisStreamProvider(name, client=client, stream=stream, key_prefix=key_prefix,
                                key_ttl_seconds=ttl, max_length=max_length,

@@ -6,13 +6,13 @@ stream's entries are counted by idempotency key.
 The writer deduplicates (the key's time to live is the declared window) and the look-up is
 strong, so every operation ends ``applied`` with exactly one entry:
 
-- the dispatcher is killed while the server, frozen (SIGSTOP), holds appends it sent; the
-  server does them once continued. The operations the killed dispatcher left
-  ``dispatching`` go ``unknown`` and the look-up settles each: found → applied, not found
-  → sent again;
-- the server is frozen while the next dispatcher's appends are in flight and then killed:
-  those appends are ambiguous, and are repeated inside the window, where the script appends
-  only what was not appended."""
+- once the first dispatcher has started, the server is frozen (SIGSTOP) and the first half
+  staged; the dispatcher is killed once the server holds appends it sent, which the server
+  does once continued. The operations the killed dispatcher left ``dispatching`` go
+  ``unknown`` and the look-up settles each: found → applied, not found → sent again;
+- the next dispatcher drains the first half; the server is frozen, the second half staged,
+  and the server killed once it holds appends of it: those appends are ambiguous, and are
+  repeated inside the window, where the script appends only what was not appended."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from providers.redis_stream import APPEND_ONCE
 from tests.dispatcher import both, engine_at, key_of, rows, stage, url_for
 from tests.support.daemon import DaemonProcess, status_counts, wait_until, write_config
 from tests.support.redis_server import RedisServer
@@ -51,22 +52,26 @@ def test_kills_and_a_server_restart_leave_exactly_one_entry_per_operation(
             "key_ttl_seconds": 600, "timeout_seconds": 2, "in_flight_seconds": 2,
             "max_attempts": 20, "max_elapsed_seconds": 600, "retry_max_delay_seconds": 0.5}},
             dispatcher={"lease_seconds": 2, "batch_size": 10, "concurrency": 4})
-        ids = stage(engine, N, provider="bus")
+        loaded = server.client()
+        loaded.script_load(APPEND_ONCE)  # what it holds when frozen is appends, not NOSCRIPT
+        loaded.close()
         kills = 0
         with DaemonProcess(cfg) as first:
-            wait_until(lambda: status_counts(engine).get("applied", 0) >= N // 5, timeout=60,
-                       message="a fifth applied")
-            server.pause()  # the appends it holds are done only after their sender died
+            wait_until(lambda: "dispatcher started" in first.log_text(), timeout=60,
+                       message="the dispatcher started")
+            server.pause()  # the appends it holds are done only after their sender has died
+            ids = stage(engine, N // 2, provider="bus")
             wait_until(lambda: server.unread_bytes() > 0, timeout=30,
                        message="an append in flight to the frozen server")
             first.signal(signal.SIGKILL)
             first.wait()
             kills += 1
-            server.resume()
+        server.resume()
         with DaemonProcess(cfg):
-            wait_until(lambda: status_counts(engine).get("applied", 0) >= N // 2, timeout=60,
-                       message="half applied")
+            wait_until(lambda: status_counts(engine).get("applied", 0) == N // 2, timeout=60,
+                       message="the first half applied")
             server.pause()  # frozen with appends in flight: they can only time out or break
+            ids += stage(engine, N - N // 2, provider="bus", start=N // 2)
             wait_until(lambda: server.unread_bytes() > 0, timeout=30,
                        message="an append in flight to the frozen server")
             server.restart()
