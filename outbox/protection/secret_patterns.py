@@ -1,9 +1,10 @@
 """Credential values: the detectors run over every string in a payload (and long keys).
 
 detect-secrets' regex plugins run first; our own patterns cover what detect-secrets 1.5 has
-no detector for; then a high-entropy check that skips hex digests, UUIDs and human-made
-identifiers (see `_high_entropy`). :data:`VALUE_CHECKS` lists them in that order, each
-with the hints (`Check`) that let a scan skip text it cannot match.
+no detector for; then the published token formats (:mod:`.token_formats`: issuers'
+prefixes, lengths and checksums); then a high-entropy check that skips hex digests, UUIDs
+and human-made identifiers (see `_high_entropy`). :data:`VALUE_CHECKS` lists them in that
+order, each with the hints (`Check`) that let a scan skip text it cannot match.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from detect_secrets.plugins.high_entropy_strings import Base64HighEntropyString
+
+from outbox.protection.token_formats import SCANNER as TOKEN_SCANNER
 
 DENSE_MIN = 32
 Run = Callable[[str], str | None]  # returns a detector name or None
@@ -190,10 +193,21 @@ def _high_entropy(text: str) -> str | None:
             and max(len(s) for s in _SEPARATORS.split(run)) >= _MIN_SEGMENT
             and len(_CLASS_RUNS.findall(run)) - 1 >= _MIN_SWITCHES * (len(run) - 1)
             and not _in_url_path(text, m.start())
+            and not _in_data_uri(text, m.start())
             and _ENTROPY.calculate_shannon_entropy(run) > _ENTROPY_LIMIT
         ):
             return "high_entropy"
     return None
+
+
+def _in_data_uri(text: str, pos: int) -> bool:
+    """Is `pos` inside the base64 body of a ``data:<type>;base64,`` URI (an image, a file:
+    content, not a credential)?"""
+    start = text.rfind("data:", 0, pos)
+    if start < 0:
+        return False
+    marker = text.find(";base64,", start, pos)
+    return marker >= 0 and not any(c.isspace() or c in "\"'<>" for c in text[start:pos])
 
 
 def _in_url_path(text: str, pos: int) -> bool:
@@ -202,5 +216,8 @@ def _in_url_path(text: str, pos: int) -> bool:
     return scheme >= 0 and not any(c.isspace() or c in "?#\"'<>" for c in text[scheme:pos])
 
 
-VALUE_CHECKS: list[Check] = [*_PLUGINS, *_OWN, Check(_high_entropy, dense=True)]
+# The published formats of outbox.protection.token_formats: one automaton pass per batch.
+_FORMATS = Check(TOKEN_SCANNER.find)
+
+VALUE_CHECKS: list[Check] = [*_PLUGINS, *_OWN, _FORMATS, Check(_high_entropy, dense=True)]
 MIN_LEN = 7  # the shortest pattern above ("://u:p@") needs 7 characters
