@@ -24,6 +24,7 @@ from bench import (
     rabbitmq_compare,
     raw,
     redis_compare,
+    secret_scan,
     sqlite_run,
     tracing_cost,
 )
@@ -368,6 +369,11 @@ def main(argv: list[str] | None = None) -> int:
         h.Figure("advance() SQLite p50 / p99", "ms", [p50s], note=f"p99 {p99s:.2f} ms"),
         h.Figure("advance() SQLite", "commits/s", [rate_s]),
     ]
+
+    h.log("11. credential scan per operation (enqueue: batch 1; admission: 10 and 100)")
+    for size in (1, 10, 100):
+        figs.append(h.Figure(f"credential scan, batch {size}", "µs/op",
+                             [secret_scan.per_operation(size, 1.0 if args.quick else 3.0)]))
 
     text = h.table(figs, ratios)
     header = f"commit {h.git_commit()}; `python -m bench {' '.join(argv or sys.argv[1:])}`\n\n"

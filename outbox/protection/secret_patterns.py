@@ -30,15 +30,15 @@ class Check:
     run: Run
     # Speed-ups that never change a result (this runs on every enqueue): `needles` are
     # lower-case substrings one of which any match must contain; `gate` a fast regex any
-    # text with a match also matches; `dense`: matches have no whitespace and are at least
-    # DENSE_MIN long, so the first pass may run over such words only.
+    # text with a match also matches; `min_word`: matches have no whitespace and are at
+    # least that long, so the first pass may run over such words only (0: the whole text).
     needles: tuple[str, ...] = ()
     gate: re.Pattern[str] | None = None
-    dense: bool = False
+    min_word: int = 0
 
 
 def _plugin(
-    where: str, name: str, *needles: str, dense: bool = False, gate: str | None = None
+    where: str, name: str, *needles: str, min_word: int = 0, gate: str | None = None
 ) -> Check:
     """Wrap detect-secrets' plugin `module.Class` (under detect_secrets.plugins)."""
     module, cls = where.split(".")
@@ -54,7 +54,7 @@ def _plugin(
             return name
         return None
 
-    return Check(run, needles, re.compile(gate) if gate else None, dense)
+    return Check(run, needles, re.compile(gate) if gate else None, min_word)
 
 
 _GH = ("ghp_", "gho_", "ghu_", "ghs_", "ghr_")
@@ -69,14 +69,16 @@ _PLUGINS: list[Check] = [
     _plugin("slack.SlackDetector", "slack_token", "xox", "hooks.slack.com"),
     _plugin("stripe.StripeDetector", "stripe_key", "k_live_"),
     _plugin("sendgrid.SendGridDetector", "sendgrid_key", "sg."),
-    _plugin("twilio.TwilioKeyDetector", "twilio_key", dense=True),
+    _plugin("twilio.TwilioKeyDetector", "twilio_key", min_word=DENSE_MIN),
     _plugin("npm.NpmDetector", "npm_token", "_authtoken="),
     _plugin("openai.OpenAIDetector", "openai_key", "t3blbkfj"),
     _plugin("pypi_token.PypiTokenDetector", "pypi_token", "pypi-age"),
-    _plugin("discord.DiscordBotTokenDetector", "discord_token", dense=True),
+    _plugin("discord.DiscordBotTokenDetector", "discord_token", min_word=DENSE_MIN),
     _plugin("mailchimp.MailchimpDetector", "mailchimp_key", "-us"),
     _plugin("square_oauth.SquareOAuthDetector", "square_oauth", "sq0csp-"),
-    _plugin("telegram_token.TelegramBotTokenDetector", "telegram_token", gate=r":[\w\-]{35}"),
+    # "<8-10 digits>:<35>": a whitespace-free word of 44 characters or more
+    _plugin("telegram_token.TelegramBotTokenDetector", "telegram_token", gate=r":[\w\-]{35}",
+            min_word=DENSE_MIN),
     # These four match "<keyword> = <value>" assignments; we run them only when the
     # vendor is named (their keyword prefix is optional, and their regexes are the slowest;
     # a vendor-less "api_key=..." is covered by inline_credential below).
@@ -217,7 +219,8 @@ def _in_url_path(text: str, pos: int) -> bool:
 
 
 # The published formats of outbox.protection.token_formats: one automaton pass per batch.
-_FORMATS = Check(TOKEN_SCANNER.find)
+_FORMATS = Check(TOKEN_SCANNER.find, min_word=TOKEN_SCANNER.shortest)
 
-VALUE_CHECKS: list[Check] = [*_PLUGINS, *_OWN, _FORMATS, Check(_high_entropy, dense=True)]
+VALUE_CHECKS: list[Check] = [
+    *_PLUGINS, *_OWN, _FORMATS, Check(_high_entropy, min_word=DENSE_MIN)]
 MIN_LEN = 7  # the shortest pattern above ("://u:p@") needs 7 characters

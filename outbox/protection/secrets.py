@@ -19,9 +19,11 @@ from dataclasses import dataclass
 from itertools import accumulate
 from typing import Any, TypeVar
 
+import ahocorasick
+
 from outbox.errors import SecretInPayload
 from outbox.protection.secret_keys import carries, key_kind
-from outbox.protection.secret_patterns import DENSE_MIN, MIN_LEN, VALUE_CHECKS, Run
+from outbox.protection.secret_patterns import MIN_LEN, VALUE_CHECKS, Run
 
 _K = TypeVar("_K", bound=Hashable)
 
@@ -129,15 +131,20 @@ def _scan_strings(strings: list[tuple[_K, str]]) -> Iterator[tuple[_K, str]]:
     lowered_parts = [text.lower() for text in texts]
     starts = list(accumulate((len(part) + 1 for part in lowered_parts[:-1]), initial=0))
     joined, lowered = "\n".join(texts), "\n".join(lowered_parts)
-    # Whitespace-free words long enough to hold a `dense` check's match.
-    dense = "\n".join(word for word in joined.split() if len(word) >= DENSE_MIN)
+    # Whitespace-free words long enough to hold a `min_word` check's match, by length.
+    words = joined.split()
+    long_words: dict[int, str] = {0: joined}
     hits: dict[int, list[Run]] = {}  # position in `strings` -> checks that fired there
-    for check in VALUE_CHECKS:
+    needled = _needle_owners(lowered, starts)
+    for number, check in enumerate(VALUE_CHECKS):
         owners: Iterable[int] | None = None
         if check.needles:
-            owners = _owners(lowered, starts, check.needles)
+            owners = needled.get(number, ())
         if owners is None:
-            target = dense if check.dense else joined
+            target = long_words.get(check.min_word)
+            if target is None:
+                target = long_words[check.min_word] = "\n".join(
+                    word for word in words if len(word) >= check.min_word)
             if (check.gate is not None and not check.gate.search(target)) or not check.run(target):
                 continue
             owners = range(len(texts))
@@ -152,18 +159,39 @@ def _scan_strings(strings: list[tuple[_K, str]]) -> Iterator[tuple[_K, str]]:
                 break
 
 
-def _owners(lowered: str, starts: list[int], needles: tuple[str, ...]) -> set[int] | None:
-    """Indices of the strings holding a needle, or None when there are too many hits."""
-    owners: set[int] = set()
-    budget = 32
-    for needle in needles:
-        pos = lowered.find(needle)
-        while pos >= 0:
-            budget -= 1
-            if budget < 0:
-                return None
-            owners.add(bisect_right(starts, pos) - 1)
-            pos = lowered.find(needle, pos + 1)
+def _needle_automaton() -> ahocorasick.Automaton:
+    """Every check's needles in one automaton: needle -> the numbers of its checks."""
+    by_needle: dict[str, list[int]] = {}
+    for number, check in enumerate(VALUE_CHECKS):
+        for needle in check.needles:
+            by_needle.setdefault(needle, []).append(number)
+    automaton = ahocorasick.Automaton()
+    for needle, numbers in by_needle.items():
+        automaton.add_word(needle, (len(needle), tuple(numbers)))
+    automaton.make_automaton()
+    return automaton
+
+
+_NEEDLES = _needle_automaton()
+_BUDGET = 32  # needle hits past which a check runs over the whole text instead
+
+
+def _needle_owners(lowered: str, starts: list[int]) -> dict[int, set[int] | None]:
+    """For each check with a needle in ``lowered``: the indices of the strings holding one,
+    or None when there are too many hits (one pass over the text for every check)."""
+    owners: dict[int, set[int] | None] = {}
+    counts: dict[int, int] = {}
+    for end, (length, numbers) in _NEEDLES.iter(lowered):
+        position = bisect_right(starts, end - length + 1) - 1
+        for number in numbers:
+            seen = counts[number] = counts.get(number, 0) + 1
+            held = owners.setdefault(number, set())
+            if held is None:
+                continue
+            if seen > _BUDGET:
+                owners[number] = None
+            else:
+                held.add(position)
     return owners
 
 

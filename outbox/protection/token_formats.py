@@ -402,6 +402,9 @@ class TokenScanner:
             automaton.add_word(anchor, (len(anchor), tuple(entries)))
         automaton.make_automaton()
         self._automaton = automaton
+        #: The shortest token of any format: each lies in a whitespace-free word this long.
+        self.shortest = min(sum(p.fixed if p.fixed is not None else p.low for p in f.parts)
+                            for f in formats)
 
     def matches(self, text: str) -> Iterator[tuple[TokenFormat, str]]:
         for end, (length, entries) in self._automaton.iter(text):
@@ -415,6 +418,8 @@ class TokenScanner:
                     yield fmt, found.group(0)
 
     def find(self, text: str) -> str | None:
+        if not text:
+            return None
         for fmt, _ in self.matches(text):
             return fmt.name
         return None
