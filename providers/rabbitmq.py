@@ -102,6 +102,17 @@ class RabbitMqProvider:
 
     def _link(self) -> _Link:
         link: _Link | None = getattr(self._local, "link", None)
+        if link is not None and link.connection.is_open:
+            # A blocking connection answers heartbeats only inside a call: one left idle
+            # for two intervals has been closed by the broker, unseen. Reading what is
+            # waiting finds that out before a publish is written into a dead socket
+            # (which could only be reported ambiguous).
+            try:
+                link.connection.process_data_events(time_limit=0)
+            except Exception:  # closed, or broken: a fresh connection, nothing written
+                log.debug("renewing a connection the broker closed")
+                self._drop(link)
+                link = None
         if link is None or not link.connection.is_open or not link.channel.is_open:
             if link is not None:
                 self._drop(link)

@@ -5,6 +5,7 @@ broker skips with a loud reason, and fails under ``CI=true``."""
 from __future__ import annotations
 
 import json
+import subprocess
 from collections.abc import Iterator
 from typing import Any
 
@@ -16,6 +17,7 @@ from providers.base import LookupConsistency, LookupKind, OutcomeKind, Transport
 from providers.rabbitmq import RabbitMqProvider
 from providers.registry import build_providers
 from tests.providers.scripted import make_dispatch
+from tests.support.daemon import wait_until
 from tests.support.rabbitmq import URL, declared_queue
 
 
@@ -122,3 +124,29 @@ def test_configuration_errors_are_one_line_naming_the_key(
     with pytest.raises(ProviderConfigError, match=problem) as caught:
         build_providers({"bus": {"kind": "rabbitmq", **section}})
     assert "\n" not in str(caught.value) and "guest:guest" not in str(caught.value)
+
+
+def _broker_connection_ports() -> set[int]:
+    listed = subprocess.run(["rabbitmqctl", "-q", "list_connections", "peer_port"],
+                            capture_output=True, text=True, timeout=60, check=True).stdout
+    return {int(line) for line in listed.split() if line.isdigit()}
+
+
+def test_a_connection_the_broker_closed_while_idle_is_renewed_before_the_publish(
+    queue: str,
+) -> None:
+    """pika's blocking connection answers heartbeats only inside a call: a send thread idle
+    for two heartbeat intervals finds its connection closed by the broker. That must cost a
+    reconnect, never an ambiguous publish (which, undeclared, blocks the operation)."""
+    provider = build(routing_key=queue, heartbeat_seconds=1)
+    try:
+        assert provider.send(make_dispatch()).kind is OutcomeKind.APPLIED
+        link = provider._local.link
+        port = link.connection._impl._transport._sock.getsockname()[1]
+        wait_until(lambda: port not in _broker_connection_ports(), timeout=60,
+                   message="the broker closed the idle connection")
+        outcome = provider.send(make_dispatch())
+        assert outcome.kind is OutcomeKind.APPLIED, outcome
+    finally:
+        provider.close()
+    assert len(received(queue)) == 2
