@@ -214,3 +214,23 @@ def test_configuration_errors_are_one_line_naming_the_key(section: dict[str, Any
     assert f"providers.bus.{problem}" in str(error.value)
     assert "\n" not in str(error.value)
 
+
+
+def test_a_connection_the_server_closed_while_idle_costs_a_reconnect_not_an_ambiguity(
+    tmp_path: Path,
+) -> None:
+    with RedisServer(tmp_path / "idle", "--timeout", "1") as idle:  # closes idle clients
+        provider = provider_at(idle.url)
+        assert provider.send(make_dispatch()).kind is OutcomeKind.APPLIED
+        watcher = idle.client()
+
+        def ours_closed() -> bool:
+            clients = watcher.client_list()
+            return all(c.get("cmd") in ("client|list", "client") for c in clients)
+
+        wait_until(ours_closed, timeout=30, message="the server closed the idle connection")
+        watcher.close()
+        outcome = provider.send(make_dispatch())
+        assert outcome.kind is OutcomeKind.APPLIED, outcome
+        assert len(entries(idle)) == 2
+        provider.close()
