@@ -12,6 +12,7 @@ import importlib.util
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from bench import daemon_runs as d
@@ -151,40 +152,38 @@ def main(argv: list[str] | None = None) -> int:
     figs += [httpf, rawhttp]
     ratios.append(("outboxd HTTP / raw httpx", httpf.median / rawhttp.median, ">= 0.8"))
 
+    def broker_pair(compare: Callable[[str, int], tuple[float, float]],
+                    names: tuple[str, str, str, str]) -> None:
+        """A provider against its raw client, ``runs`` times on fresh databases: the two
+        figures and their ratio (reported)."""
+        ours_name, raw_name, unit, ratio_name = names
+        rows = 1_000 if args.quick else 5_000
+        pairs: list[tuple[float, float]] = []
+
+        def one(dsn: str) -> float:
+            pairs.append(compare(dsn, rows))
+            return pairs[-1][0]
+
+        ours = h.repeat(ours_name, unit, runs, _fresh(one))
+        raw_client = h.Figure(raw_name, unit, [p[1] for p in pairs])
+        figs.extend([ours, raw_client])
+        ratios.append((ratio_name, ours.median / raw_client.median, "report"))
+
     h.log("4b. RabbitMQ provider vs raw pika publishing with confirms")
     if not rabbitmq_compare.available():
         h.log("  no RabbitMQ on 127.0.0.1:5672: skipped")
     else:
-        mq_rows = 1_000 if args.quick else 5_000
-        mq_pair: list[tuple[float, float]] = []
-
-        def mq_run(dsn: str) -> float:
-            mq_pair.append(rabbitmq_compare.compare(dsn, mq_rows))
-            return mq_pair[-1][0]
-
-        mqf = h.repeat("outboxd RabbitMQ provider", "msg/s", runs, _fresh(mq_run))
-        rawmq = h.Figure("raw pika client, confirms, same broker", "msg/s",
-                         [p[1] for p in mq_pair])
-        figs += [mqf, rawmq]
-        ratios.append(("outboxd RabbitMQ / raw pika", mqf.median / rawmq.median, "report"))
+        broker_pair(rabbitmq_compare.compare, ("outboxd RabbitMQ provider",
+                    "raw pika client, confirms, same broker", "msg/s",
+                    "outboxd RabbitMQ / raw pika"))
 
     h.log("4c. Redis Streams provider vs raw redis-py XADD")
     if not redis_compare.available():
         h.log("  redis-server not installed: skipped")
     else:
-        rs_rows = 1_000 if args.quick else 5_000
-        rs_pair: list[tuple[float, float]] = []
-
-        def rs_run(dsn: str) -> float:
-            rs_pair.append(redis_compare.compare(dsn, rs_rows))
-            return rs_pair[-1][0]
-
-        rsf = h.repeat("outboxd Redis Streams provider", "entries/s", runs, _fresh(rs_run))
-        rawrs = h.Figure("raw redis-py XADD, same server", "entries/s",
-                         [p[1] for p in rs_pair])
-        figs += [rsf, rawrs]
-        ratios.append(("outboxd Redis Streams / raw XADD", rsf.median / rawrs.median,
-                       "report"))
+        broker_pair(redis_compare.compare, ("outboxd Redis Streams provider",
+                    "raw redis-py XADD, same server", "entries/s",
+                    "outboxd Redis Streams / raw XADD"))
 
     h.log("5. Procrastinate no-op jobs")
     if importlib.util.find_spec("procrastinate") is None:
