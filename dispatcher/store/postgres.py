@@ -23,6 +23,7 @@ from sqlalchemy.dialects import postgresql as pg
 from sqlalchemy.engine import Connection
 from sqlalchemy.sql.type_api import TypeEngine
 
+from dispatcher.store import direct
 from dispatcher.store.common import (
     DISPATCHING_RETURNS,
     FENCED,
@@ -296,9 +297,9 @@ class PostgresStore(CommonStatements):
     def claim(
         self, conn: Connection, *, worker: str, limit: int, lease_seconds: float
     ) -> Claimed:
-        rows = conn.execute(
-            claim_statement(_eligible(limit)), {"actor": worker, "lease": lease_seconds}
-        ).all()
+        rows = direct.fetch_all(
+            conn, claim_statement(_eligible(limit)), {"actor": worker, "lease": lease_seconds}
+        )
         n = len(OPERATION_FIELDS)
         records = sorted((OperationRecord.from_raw_values(r[:n]) for r in rows),
                          key=lambda r: r.id)
@@ -316,7 +317,8 @@ class PostgresStore(CommonStatements):
     ) -> list[Dispatching]:
         if not pairs:
             return []
-        rows = conn.execute(
+        rows = direct.fetch_all(
+            conn,
             mark_statement(may_dispatch()),
             {
                 "marking": batch_json([{"id": i, "rev": r} for i, r in pairs]),
@@ -324,7 +326,7 @@ class PostgresStore(CommonStatements):
                 "lease": lease_seconds,
                 "actor": actor,
             },
-        ).all()
+        )
         return [Dispatching(r[0], r[1], r[2], r[3], r[4]) for r in rows]
 
     def record_many(
@@ -349,8 +351,9 @@ class PostgresStore(CommonStatements):
             for t in (r.transition,)
         ]
         with_digest = any(r.transition.payload_digest is not None for r in items)
-        result = conn.execute(
+        moved = direct.fetch_all(
+            conn,
             record_statement(with_digest),
             {"rec": batch_json(rows), "token": token, "actor": actor},
         )
-        return set(result.scalars())
+        return {r[0] for r in moved}

@@ -1,0 +1,96 @@
+"""Statements run on the driver's cursor (:mod:`dispatcher.store.direct`) behave as
+``Connection.execute`` would: the same rows, the caller's transaction, a statement's error
+as SQLAlchemy's class of it, a lost connection as an invalidated one (an outage).
+Real PostgreSQL."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+
+from dispatcher.store import direct
+from outbox import db, migrate, schema
+from tests.dispatcher import stage
+
+ops = schema.operations
+
+
+@pytest.fixture
+def pg(pg_url: str) -> Iterator[Engine]:
+    eng = db.create_engine(pg_url)
+    yield eng
+    eng.dispose()
+
+
+def test_the_same_rows_as_execute_with_fixed_and_bound_values(pg: Engine) -> None:
+    statement = sa.select(
+        sa.bindparam("n", type_=sa.Integer()) + 1, sa.literal("fixed"), sa.literal(7)
+    )
+    with pg.connect() as conn:
+        assert direct.fetch_all(conn, statement, {"n": 41}) == [(42, "fixed", 7)]
+        assert direct.fetch_all(conn, statement, {"n": 1}) == [tuple(
+            conn.execute(statement, {"n": 1}).one())]
+
+
+def test_runs_in_the_callers_transaction(pg: Engine) -> None:
+    insert = (
+        sa.insert(schema.meta)
+        .values(name=sa.bindparam("k", type_=sa.Text()), value=sa.literal("v"))
+        .returning(schema.meta.c.name)
+    )
+    with pg.connect() as conn:
+        with conn.begin() as tx:
+            assert direct.fetch_all(conn, insert, {"k": "direct:rolled-back"}) == [
+                ("direct:rolled-back",)]
+            tx.rollback()
+        with conn.begin():
+            direct.fetch_all(conn, insert, {"k": "direct:kept"})
+        keys = set(conn.execute(sa.select(schema.meta.c.name)).scalars())
+    assert "direct:kept" in keys and "direct:rolled-back" not in keys
+
+
+def test_tables_in_the_engines_schema(pg: Engine, pg_url: str) -> None:
+    stage(pg, 2)  # in the default schema; none in "obx"
+    in_schema = db.create_engine(pg_url, schema="obx")
+    try:
+        migrate.upgrade(in_schema, schema="obx")
+        count = sa.select(sa.func.count()).select_from(ops)
+        with in_schema.connect() as conn:
+            assert direct.fetch_all(conn, count, {}) == [(0,)]
+        with pg.connect() as conn:
+            assert direct.fetch_all(conn, count, {}) == [(2,)]
+    finally:
+        in_schema.dispose()
+
+
+def test_a_statement_error_is_sqlalchemys_class_and_no_outage(pg: Engine) -> None:
+    statement = sa.select(sa.cast(sa.bindparam("v", type_=sa.Text()), sa.Integer()))
+    with pg.connect() as conn, pytest.raises(sa.exc.DataError) as caught:
+        direct.fetch_all(conn, statement, {"v": "not a number"})
+    assert not caught.value.connection_invalidated
+    assert not db.is_outage(caught.value)
+    assert "parameters hidden" in str(caught.value)  # a batch may carry receipts
+
+
+def test_a_lost_connection_is_invalidated_and_an_outage(pg: Engine) -> None:
+    statement = sa.select(sa.bindparam("n", type_=sa.Integer()))
+    with pg.connect() as conn:
+        pid = conn.execute(sa.text("SELECT pg_backend_pid()")).scalar_one()
+        with pg.connect() as other:
+            other.execute(sa.text("SELECT pg_terminate_backend(:p)"), {"p": pid})
+        with pytest.raises(sa.exc.OperationalError) as caught:
+            direct.fetch_all(conn, statement, {"n": 1})
+        assert caught.value.connection_invalidated
+        assert db.is_outage(caught.value)
+        assert conn.invalidated
+    with pg.connect() as conn:  # the pool hands out a working connection again
+        assert direct.fetch_all(conn, statement, {"n": 3}) == [(3,)]
+
+
+def test_a_statement_that_needs_bind_processing_is_refused(pg: Engine) -> None:
+    statement = sa.select(ops.c.id).where(ops.c.id.in_(sa.bindparam("ids", expanding=True)))
+    with pg.connect() as conn, pytest.raises(TypeError, match="plain values"):
+        direct.fetch_all(conn, statement, {"ids": [1, 2]})
