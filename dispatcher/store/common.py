@@ -63,6 +63,19 @@ def eligible(limit: int | Any) -> sa.Select[Any]:
     )
 
 
+def moved_by(token: int, items: Sequence[Transition]) -> sa.Select[Any]:
+    """The ids of ``items`` now at their new status and revision under ``token``."""
+    return sa.select(ops.c.id).where(
+        # the ids first: SQLite looks row values up by scanning the whole table, the
+        # primary key finds the batch's rows whatever the table's size
+        ops.c.id.in_([t.id for t in items]),
+        sa.tuple_(ops.c.id, ops.c.state_revision, ops.c.status).in_(
+            [(t.id, t.state_revision + 1, t.status.value) for t in items]
+        ),
+        ops.c.fencing_token == token,
+    )
+
+
 @functools.cache
 def may_dispatch() -> Any:
     """Neither the row's own deadline nor its task's has passed on the database clock,
@@ -241,15 +254,7 @@ class CommonStatements:
                 for t in items
             ],
         )
-        moved = conn.execute(
-            sa.select(ops.c.id).where(
-                sa.tuple_(ops.c.id, ops.c.state_revision, ops.c.status).in_(
-                    [(t.id, t.state_revision + 1, t.status.value) for t in items]
-                ),
-                ops.c.fencing_token == token,
-            )
-        ).scalars()
-        return set(moved)
+        return set(conn.execute(moved_by(token, items)).scalars())
 
     def extend_leases(
         self,

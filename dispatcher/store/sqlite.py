@@ -7,9 +7,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
+from sqlalchemy.ext.compiler import compiles
 
 from dispatcher.store import journal
 from dispatcher.store.common import (
@@ -33,6 +35,28 @@ ops = schema.operations
 tasks = schema.tasks
 meta = schema.meta
 S = OperationStatus
+PENDING_IN_ID_ORDER = "INDEXED BY ix_outbox_operations_pending_id"
+"""The claim reads pending rows through their partial index, in id order, and stops after
+one batch. Left to itself SQLite's planner prefers ``(status, updated_at)`` (an equality
+on its first column) and sorts every pending row on each claim: 6.6 ms at 20,000 pending,
+65 ms at 200,000; through the partial index 0.01 ms at either."""
+
+
+@compiles(sa.Table, "sqlite")
+def _table_with_hint(table: sa.Table, compiler: Any, **kw: Any) -> str:
+    """SQLite's ``INDEXED BY`` from a statement's ``with_hint(table, text, "sqlite")``
+    (SQLAlchemy's SQLite compiler renders no table hints of its own)."""
+    text: str = compiler.visit_table(table, **kw)
+    hints = kw.get("fromhints")
+    if kw.get("asfrom") and hints and table in hints:
+        text += f" {hints[table]}"
+    return text
+
+
+def claimable(limit: int) -> sa.Select[Any]:
+    """The ids a claim takes: :func:`~dispatcher.store.common.eligible` read through the
+    pending rows' partial index."""
+    return eligible(limit).with_hint(ops, PENDING_IN_ID_ORDER, "sqlite")
 
 
 class SQLiteStore(CommonStatements):
@@ -83,7 +107,7 @@ class SQLiteStore(CommonStatements):
         token = self.fencing_token(conn)
         rows = conn.execute(
             sa.update(ops)
-            .where(ops.c.id.in_(eligible(limit).scalar_subquery()))
+            .where(ops.c.id.in_(claimable(limit).scalar_subquery()))
             .values(**claim_values(token=token, actor=worker, lease=lease_seconds))
             .returning(*raw_operation_columns(ops, raw_times=True))
         ).all()
