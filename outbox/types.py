@@ -127,3 +127,18 @@ def _is_due_sqlite(element: is_due, compiler: SQLCompiler, **kw: Any) -> str:
 def _is_due_pg(element: is_due, compiler: SQLCompiler, **kw: Any) -> str:
     (col,) = (compiler.process(c, **kw) for c in element.clauses)
     return f"(COALESCE({col}, '-infinity'::timestamptz) <= statement_timestamp())"
+
+
+def in_pairs(columns: tuple[Any, ...], rows: Any, *, searched: int | None = None) -> Any:
+    """``(a, b, ...) IN rows``, with the first ``searched`` columns' own ``IN`` lists
+    beside it (all of them by default). SQLite looks row values up by scanning the whole
+    table (or index); the per-column lists let it search the primary key or an index on
+    those columns instead, so the cost is the batch's, not the table's. Name only columns
+    an index leads with: a list on another column (a status, say) can draw SQLite's planner
+    to a worse index. PostgreSQL plans either form the same way."""
+    rows = list(rows)
+    lead = columns[: len(columns) if searched is None else searched]
+    return sa.and_(
+        *(c.in_(sorted({r[i] for r in rows})) for i, c in enumerate(lead)),
+        sa.tuple_(*columns).in_(rows),
+    )

@@ -20,7 +20,7 @@ from outbox import schema
 from outbox.records import OperationRecord, raw_operation_columns
 from outbox.recovery import VERIFICATION_FAILED, VERIFIER_META_PREFIX
 from outbox.states import NON_TERMINAL, OperationStatus, check_transition, checked_move
-from outbox.types import JSONType, db_now, is_due
+from outbox.types import JSONType, db_now, in_pairs, is_due
 
 ops = schema.operations
 tasks = schema.tasks
@@ -66,12 +66,8 @@ def eligible(limit: int | Any) -> sa.Select[Any]:
 def moved_by(token: int, items: Sequence[Transition]) -> sa.Select[Any]:
     """The ids of ``items`` now at their new status and revision under ``token``."""
     return sa.select(ops.c.id).where(
-        # the ids first: SQLite looks row values up by scanning the whole table, the
-        # primary key finds the batch's rows whatever the table's size
-        ops.c.id.in_([t.id for t in items]),
-        sa.tuple_(ops.c.id, ops.c.state_revision, ops.c.status).in_(
-            [(t.id, t.state_revision + 1, t.status.value) for t in items]
-        ),
+        in_pairs((ops.c.id, ops.c.state_revision, ops.c.status),
+                 [(t.id, t.state_revision + 1, t.status.value) for t in items], searched=1),
         ops.c.fencing_token == token,
     )
 
@@ -107,7 +103,7 @@ def task_cancelled() -> Any:
 def fenced(token: int, pairs: Iterable[tuple[int, int]], status: OperationStatus) -> Any:
     """The rows of ``pairs`` (id, revision) still in ``status`` under ``token``."""
     return sa.and_(
-        sa.tuple_(ops.c.id, ops.c.state_revision).in_(list(pairs)),
+        in_pairs((ops.c.id, ops.c.state_revision), pairs, searched=1),
         ops.c.fencing_token == token,
         ops.c.status == status.value,
     )
@@ -348,7 +344,7 @@ class CommonStatements:
             result = conn.execute(
                 sa.update(ops)
                 .where(
-                    sa.tuple_(ops.c.id, ops.c.state_revision).in_(pairs),
+                    in_pairs((ops.c.id, ops.c.state_revision), pairs, searched=1),
                     ops.c.status == status.value,
                     ops.c.lease_expires_at < db_now(),
                 )
@@ -426,7 +422,7 @@ class CommonStatements:
                 sa.select(tasks.c.id, tasks.c.tenant_id, tasks.c.task_id,
                           tasks.c.workflow_version, tasks.c.max_attempts,
                           tasks.c.max_elapsed_seconds)
-                .where(sa.tuple_(tasks.c.tenant_id, tasks.c.task_id).in_(sorted(set(pairs))))
+                .where(in_pairs((tasks.c.tenant_id, tasks.c.task_id), sorted(set(pairs))))
                 .order_by(tasks.c.id)
             ).mappings()
         }
@@ -444,7 +440,7 @@ class CommonStatements:
         rows = conn.execute(
             sa.select(ops.c.tenant_id, ops.c.task_id, sa.func.sum(ops.c.attempts),
                       sa.func.min(ops.c.first_dispatched_at))
-            .where(sa.tuple_(ops.c.tenant_id, ops.c.task_id).in_(list(pairs)))
+            .where(in_pairs((ops.c.tenant_id, ops.c.task_id), pairs))
             .group_by(ops.c.tenant_id, ops.c.task_id)
         ).all()
         return {(tenant, task): (int(attempts or 0), first)
@@ -457,8 +453,8 @@ class CommonStatements:
             return []
         query = (
             sa.select(approvals)
-            .where(sa.tuple_(approvals.c.tenant_id, approvals.c.operation_id)
-                   .in_(sorted(set(pairs))))
+            .where(in_pairs((approvals.c.tenant_id, approvals.c.operation_id),
+                            sorted(set(pairs))))
             .order_by(approvals.c.id)
         )
         if self.skip_locked:

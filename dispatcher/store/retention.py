@@ -43,7 +43,7 @@ from sqlalchemy.engine import Connection
 from outbox import errors, schema
 from outbox.digest import payload_digest
 from outbox.states import TERMINAL, OperationStatus, checked_move
-from outbox.types import db_now
+from outbox.types import db_now, in_pairs
 
 ops, tasks, events = schema.operations, schema.tasks, schema.events
 attempts, approvals, meta = schema.attempts, schema.approvals, schema.meta
@@ -156,8 +156,9 @@ def _block(conn: Connection, where: Any, reason: str, actor: str, limit: int) ->
         return 0
     moved = set(conn.execute(
         sa.update(ops)
-        .where(sa.tuple_(ops.c.id, ops.c.state_revision).in_(
-            [(r.id, r.state_revision) for r in found]), ops.c.status.in_(_RESUMABLE))
+        .where(in_pairs((ops.c.id, ops.c.state_revision),
+                        [(r.id, r.state_revision) for r in found], searched=1),
+               ops.c.status.in_(_RESUMABLE))
         .values(status=checked_move((OperationStatus.PENDING, OperationStatus.BLOCKED),
                                     OperationStatus.BLOCKED), status_reason=reason,
                 state_revision=ops.c.state_revision + 1, updated_at=db_now())

@@ -30,6 +30,7 @@ from dispatcher.store.transitions import Claimed, Dispatching, Recorded
 from outbox import schema
 from outbox.records import OperationRecord, raw_operation_columns
 from outbox.states import OperationStatus
+from outbox.types import in_pairs
 
 ops = schema.operations
 tasks = schema.tasks
@@ -120,7 +121,7 @@ class SQLiteStore(CommonStatements):
         pairs = sorted({(r.tenant_id, r.task_id) for r in records})
         found = conn.execute(
             sa.select(*TASK_LIMIT_COLUMNS).where(
-                sa.tuple_(tasks.c.tenant_id, tasks.c.task_id).in_(pairs))
+                in_pairs((tasks.c.tenant_id, tasks.c.task_id), pairs))
         ).all()
         return Claimed(token, records, task_limits_of(found))
 

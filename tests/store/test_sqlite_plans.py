@@ -1,6 +1,7 @@
-"""SQLite's plans for the two statements whose cost grew with the table: the claim reads
-the pending rows' partial index in id order and stops after one batch (no sort of every
-pending row), and the record's read-back finds its rows by primary key (no table scan).
+"""SQLite's plans for the statements whose cost grew with the table: the claim reads the
+pending rows' partial index in id order and stops after one batch (no sort of every
+pending row); the record's read-back and every look-up of a batch's (id, revision) or
+(tenant, task) pairs search an index (SQLite scans for a row value ``IN`` a list).
 Asked of SQLite itself (``EXPLAIN QUERY PLAN``) on a migrated file with a backlog."""
 
 from __future__ import annotations
@@ -11,12 +12,16 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from dispatcher.store.common import moved_by
+from dispatcher.store.common import fenced, moved_by
 from dispatcher.store.sqlite import SQLiteStore, claimable
 from dispatcher.store.transitions import Transition
-from outbox import db
+from outbox import db, schema
 from outbox.states import OperationStatus
+from outbox.types import in_pairs
 from tests.dispatcher import stage
+
+S = OperationStatus
+ops = schema.operations
 
 
 @pytest.fixture
@@ -46,8 +51,29 @@ def test_the_claim_still_takes_the_oldest_pending_rows(lite: Engine) -> None:
     assert token > 0
 
 
+@pytest.mark.parametrize(("table", "columns", "index"), [
+    ("tasks", ("tenant_id", "task_id"), "(tenant_id=? AND task_id=?)"),
+    ("operations", ("tenant_id", "task_id"), "ix_outbox_operations_task (tenant_id=?"),
+    ("approvals", ("tenant_id", "operation_id"), "(tenant_id=? AND operation_id=?)"),
+])
+def test_pairs_are_looked_up_through_an_index(
+    lite: Engine, table: str, columns: tuple[str, str], index: str
+) -> None:
+    """The fenced writes (id, revision), the task rows of a batch, a task's spending, the
+    approvals of a batch: each searched, never the whole table scanned."""
+    t: sa.Table = getattr(schema, table)
+    cols = tuple(t.c[c] for c in columns)
+    text = plan(lite, sa.select(*cols).where(in_pairs(cols, [(1, 2), (3, 4)])))
+    assert index in text and "SCAN" not in text.split("\n")[0], text
+
+
+def test_fenced_rows_are_found_by_primary_key(lite: Engine) -> None:
+    text = plan(lite, sa.select(ops.c.id).where(fenced(7, [(1, 2), (3, 4)], S.CLAIMED)))
+    assert "PRIMARY KEY" in text and "SCAN outbox_operations" not in text, text
+
+
 def test_the_record_read_back_finds_its_rows_by_primary_key(lite: Engine) -> None:
-    items = [Transition(i, 1, OperationStatus.APPLIED, None) for i in range(1, 11)]
+    items = [Transition(i, 1, S.APPLIED, None) for i in range(1, 11)]
     text = plan(lite, moved_by(7, items))
     assert "SCAN outbox_operations" not in text, text
     assert "PRIMARY KEY" in text, text
