@@ -15,9 +15,9 @@ import queue
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
@@ -84,6 +84,12 @@ class Worker:
             else None
         )
         self._recording: tuple[Future[set[int]], list[InFlight]] | None = None
+        # PostgreSQL: each thread that runs self-committing statements (this one, the
+        # recording thread) keeps its connection between batches instead of taking it from
+        # the pool and returning it around every statement; dropped on any error
+        self._kept = threading.local()
+        self._kept_all: list[Connection] = []
+        self._kept_lock = threading.Lock()
 
     # -- claim and dispatch ------------------------------------------------------------
     def free_slots(self) -> int:
@@ -146,7 +152,7 @@ class Worker:
         locking = self.authority.needs_lock(rows, task_rows)
         if locking or self._one_statement is self.engine:
             return self.engine.begin()
-        return self._one_statement.connect()
+        return self._own_connection()
 
     def _commit_dispatching(
         self,
@@ -460,7 +466,34 @@ class Worker:
         """A transaction for one statement (PostgreSQL: the statement is its own)."""
         if self._one_statement is self.engine:
             return self.engine.begin()
-        return self._one_statement.connect()
+        return self._own_connection()
+
+    @contextmanager
+    def _own_connection(self) -> Iterator[Connection]:
+        """This thread's autocommit connection (PostgreSQL), kept between statements; on
+        any error it is closed (back to the pool, or discarded if it was lost) and the next
+        statement takes another."""
+        conn: Connection | None = getattr(self._kept, "conn", None)
+        if conn is None or conn.closed or conn.invalidated:
+            conn = self._one_statement.connect()
+            self._kept.conn = conn
+            with self._kept_lock:
+                self._kept_all.append(conn)
+        try:
+            yield conn
+        except BaseException:
+            self._kept.conn = None
+            self._drop(conn)
+            raise
+
+    def _drop(self, conn: Connection) -> None:
+        with self._kept_lock:
+            if conn in self._kept_all:
+                self._kept_all.remove(conn)
+        try:
+            conn.close()
+        except Exception:  # already lost: the pool has discarded it
+            log.debug("closing a lost connection failed", exc_info=True)
 
     def _record(self, items: list[InFlight]) -> set[int]:
         moved_all: set[int] = set()
@@ -503,4 +536,8 @@ class Worker:
         self._pool.shutdown(wait=False, cancel_futures=True)
         if self._recorder is not None:
             self._recorder.shutdown(wait=True)
+        with self._kept_lock:
+            kept, self._kept_all = self._kept_all, []
+        for conn in kept:  # every thread that used one has stopped
+            self._drop(conn)
 
