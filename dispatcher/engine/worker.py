@@ -39,7 +39,15 @@ from providers.base import Dispatch, Outcome, OutcomeKind, Provider, TransportPh
 
 log = logging.getLogger("outboxd.dispatch")
 RECORD_LINGER_SECONDS = 0.01
+KEEP_FROM_POOL_SIZE = 2
+"""The smallest ``pool_size`` with which the claiming and recording threads keep their
+connections (up to twice ``pool_size`` are open: two kept leave at least two)."""
 S = OperationStatus
+
+
+def _pool_size(engine: Engine) -> int:
+    size = getattr(engine.pool, "size", None)
+    return int(size()) if callable(size) else 0
 
 
 class Worker:
@@ -87,6 +95,9 @@ class Worker:
         # PostgreSQL: each thread that runs self-committing statements (this one, the
         # recording thread) keeps its connection between batches instead of taking it from
         # the pool and returning it around every statement; dropped on any error
+        # (only with a pool of two or more: a pool of one, with as many again in overflow,
+        # would leave nothing for lease extension, maintenance and the gauges)
+        self._keep = self._recorder is not None and _pool_size(engine) >= KEEP_FROM_POOL_SIZE
         self._kept = threading.local()
         self._kept_all: list[Connection] = []
         self._kept_lock = threading.Lock()
@@ -472,7 +483,12 @@ class Worker:
     def _own_connection(self) -> Iterator[Connection]:
         """This thread's autocommit connection (PostgreSQL), kept between statements; on
         any error it is closed (back to the pool, or discarded if it was lost) and the next
-        statement takes another."""
+        statement takes another. With a pool too small to spare one, a connection from the
+        pool for each statement."""
+        if not self._keep:
+            with self._one_statement.connect() as fresh:
+                yield fresh
+            return
         conn: Connection | None = getattr(self._kept, "conn", None)
         if conn is None or conn.closed or conn.invalidated:
             conn = self._one_statement.connect()

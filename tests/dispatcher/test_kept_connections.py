@@ -61,3 +61,27 @@ def test_a_dropped_kept_connection_costs_one_cycle_and_nothing_else(pg_url: str)
     finally:
         worker.close()
         engine.dispose()
+
+
+def test_a_pool_of_one_keeps_no_connection(pg_url: str) -> None:
+    """``pool_size = 1`` allows two connections: kept by the two threads, they would leave
+    none for anything else (lease extension, maintenance, the gauges). Then every
+    statement takes one from the pool and returns it."""
+    engine = db.create_engine(pg_url, pool_size=1, pool_timeout=2)
+    receiver = Counting()
+    worker = Worker(engine, {"sim": receiver},
+                    WorkerSettings(worker_id="w1", batch_size=5, concurrency=10))
+    try:
+        stage(engine, 10)
+        for _ in range(2):
+            assert worker.claim_and_dispatch() == 5
+            sends_finished(worker, 5)
+            assert worker.record_done() == 5  # on the recording thread
+            worker.record_done(force=True)
+            with engine.connect() as conn, engine.connect() as other:  # both free again
+                assert conn.exec_driver_sql("SELECT 1").scalar_one() == 1
+                assert other.exec_driver_sql("SELECT 1").scalar_one() == 1
+        assert statuses(engine) == {"applied": 10}
+    finally:
+        worker.close()
+        engine.dispose()
