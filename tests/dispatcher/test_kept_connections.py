@@ -8,11 +8,9 @@ from __future__ import annotations
 import pytest
 import sqlalchemy as sa
 
-from dispatcher.engine.settings import WorkerSettings
-from dispatcher.engine.worker import Worker
 from outbox import db
 from tests.dispatcher import stage
-from tests.dispatcher.test_recording_thread import Counting, sends_finished, statuses
+from tests.dispatcher.inprocess import sends_finished, statuses, worker_at
 
 pytestmark = pytest.mark.postgres
 
@@ -23,11 +21,7 @@ TERMINATE_OTHERS = (
 
 
 def test_a_dropped_kept_connection_costs_one_cycle_and_nothing_else(pg_url: str) -> None:
-    engine = db.create_engine(pg_url)
-    receiver = Counting()
-    worker = Worker(engine, {"sim": receiver},
-                    WorkerSettings(worker_id="w1", batch_size=5, concurrency=10))
-    try:
+    with worker_at(pg_url) as (engine, worker, receiver):
         stage(engine, 10)
         assert worker.claim_and_dispatch() == 5
         sends_finished(worker, 5)
@@ -58,20 +52,13 @@ def test_a_dropped_kept_connection_costs_one_cycle_and_nothing_else(pg_url: str)
         worker.record_done(force=True)
         assert statuses(engine) == {"applied": 10}
         assert len(receiver.sent) == 10 and set(receiver.sent.values()) == {1}
-    finally:
-        worker.close()
-        engine.dispose()
 
 
 def test_a_pool_of_one_keeps_no_connection(pg_url: str) -> None:
     """``pool_size = 1`` allows two connections: kept by the two threads, they would leave
     none for anything else (lease extension, maintenance, the gauges). Then every
     statement takes one from the pool and returns it."""
-    engine = db.create_engine(pg_url, pool_size=1, pool_timeout=2)
-    receiver = Counting()
-    worker = Worker(engine, {"sim": receiver},
-                    WorkerSettings(worker_id="w1", batch_size=5, concurrency=10))
-    try:
+    with worker_at(pg_url, pool_size=1, pool_timeout=2) as (engine, worker, _receiver):
         stage(engine, 10)
         for _ in range(2):
             assert worker.claim_and_dispatch() == 5
@@ -82,6 +69,3 @@ def test_a_pool_of_one_keeps_no_connection(pg_url: str) -> None:
                 assert conn.exec_driver_sql("SELECT 1").scalar_one() == 1
                 assert other.exec_driver_sql("SELECT 1").scalar_one() == 1
         assert statuses(engine) == {"applied": 10}
-    finally:
-        worker.close()
-        engine.dispose()

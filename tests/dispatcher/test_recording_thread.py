@@ -9,25 +9,11 @@ the receiver is an in-process object implementing the provider protocol."""
 
 from __future__ import annotations
 
-import threading
-from collections import Counter
-
 import pytest
 import sqlalchemy as sa
-from sqlalchemy.engine import Engine
 
-from dispatcher.engine.settings import WorkerSettings
-from dispatcher.engine.worker import Worker
-from outbox import db
-from providers.base import (
-    Capabilities,
-    Dispatch,
-    LookupKind,
-    LookupResult,
-    Outcome,
-    OutcomeKind,
-)
 from tests.dispatcher import stage
+from tests.dispatcher.inprocess import sends_finished, statuses, worker_at
 
 pytestmark = pytest.mark.postgres
 
@@ -39,49 +25,8 @@ FOR EACH ROW EXECUTE FUNCTION refuse_attempts();
 """
 
 
-class Counting:
-    """A receiver that applies every request and counts them per key."""
-
-    name = "sim"
-    capabilities = Capabilities(dedup_retention_seconds=3600.0)
-
-    def __init__(self) -> None:
-        self.sent: Counter[str] = Counter()
-        self._lock = threading.Lock()
-
-    def send(self, d: Dispatch) -> Outcome:
-        with self._lock:
-            self.sent[d.idempotency_key] += 1
-        return Outcome(OutcomeKind.APPLIED, status_code=201, receipt={"id": d.operation_id})
-
-    def lookup(self, d: Dispatch) -> LookupResult:
-        return LookupResult(LookupKind.FOUND if self.sent[d.idempotency_key] else
-                            LookupKind.NOT_FOUND)
-
-    def close(self) -> None:
-        pass
-
-
-def statuses(engine: Engine) -> Counter[str]:
-    with engine.connect() as conn:
-        return Counter(s for (s,) in conn.execute(sa.text("SELECT status FROM outbox_operations")))
-
-
-def sends_finished(worker: Worker, n: int) -> None:
-    deadline = threading.Event()
-    for _ in range(500):  # the in-process sends return at once; waits on their queue
-        if worker._done.qsize() >= n:
-            return
-        deadline.wait(0.01)
-    raise AssertionError(f"{n} sends did not finish")
-
-
 def test_a_failed_record_keeps_its_outcomes_and_the_next_one_writes_them(pg_url: str) -> None:
-    engine = db.create_engine(pg_url)
-    receiver = Counting()
-    worker = Worker(engine, {"sim": receiver},
-                    WorkerSettings(worker_id="w1", batch_size=5, concurrency=10))
-    try:
+    with worker_at(pg_url) as (engine, worker, receiver):
         stage(engine, 5)
         assert worker.claim_and_dispatch() == 5
         sends_finished(worker, 5)
@@ -101,19 +46,12 @@ def test_a_failed_record_keeps_its_outcomes_and_the_next_one_writes_them(pg_url:
         assert statuses(engine) == {"applied": 5}
         assert worker.in_flight() == 0 and not worker.has_done()
         assert set(receiver.sent.values()) == {1} and len(receiver.sent) == 5
-    finally:
-        worker.close()
-        engine.dispose()
 
 
 def test_the_next_batch_is_claimed_while_one_is_recorded(pg_url: str) -> None:
     """The record runs beside the next claim: with the record of batch one held up (its
     statement waits for a lock the test holds), batch two is claimed and sent."""
-    engine = db.create_engine(pg_url)
-    receiver = Counting()
-    worker = Worker(engine, {"sim": receiver},
-                    WorkerSettings(worker_id="w1", batch_size=5, concurrency=10))
-    try:
+    with worker_at(pg_url) as (engine, worker, receiver):
         stage(engine, 10)
         assert worker.claim_and_dispatch() == 5
         sends_finished(worker, 5)
@@ -129,6 +67,3 @@ def test_the_next_batch_is_claimed_while_one_is_recorded(pg_url: str) -> None:
         worker.record_done(force=True)
         assert statuses(engine) == {"applied": 10}
         assert len(receiver.sent) == 10 and set(receiver.sent.values()) == {1}
-    finally:
-        worker.close()
-        engine.dispose()
