@@ -27,6 +27,7 @@ from sqlalchemy.engine import Connection, Engine
 from dispatcher.engine import failpoints, leases, outcomes, recording
 from dispatcher.engine.checks import AuthorityCheck, NoAuthority, pre_dispatch, scan_stored
 from dispatcher.engine.recording import InFlight, decide, observe, recorded
+from dispatcher.engine.senders import SendThreads
 from dispatcher.engine.settings import WorkerSettings
 from dispatcher.observability import metrics
 from dispatcher.observability.tracing import Tracing
@@ -77,7 +78,7 @@ class Worker:
         self.authority: AuthorityCheck = authority or NoAuthority()
         self.artifacts = artifacts
         self.kick = threading.Event()
-        self._pool = ThreadPoolExecutor(settings.concurrency, thread_name_prefix="outboxd-send")
+        self._pool = SendThreads(settings.concurrency, "outboxd-send")
         self._inflight: dict[int, InFlight] = {}
         self._done: queue.SimpleQueue[InFlight] = queue.SimpleQueue()
         self._unrecorded: list[InFlight] = []
@@ -549,7 +550,7 @@ class Worker:
             self.record_done(force=True)
 
     def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._pool.shutdown()
         if self._recorder is not None:
             self._recorder.shutdown(wait=True)
         with self._kept_lock:
