@@ -6,7 +6,9 @@ archive | tar -x``). Each drain is a fresh scratch PostgreSQL database, ``N`` op
 staged with plain SQL, one ``outboxd run`` of that checkout with the null provider
 (``bench.daemon_runs.drain``, run from that checkout with this interpreter). The order
 alternates (A B, B A, ...) so a machine getting faster or slower during the run weighs on
-both sides alike. Prints each drain, then the medians and AFTER / BEFORE.
+both sides alike. Prints each drain, then the medians and AFTER / BEFORE: of the rate, and
+of the daemon's CPU time per row from its first applied row to its last (a figure a busy
+neighbour on a shared machine moves less than it moves the rate).
 """
 
 from __future__ import annotations
@@ -55,17 +57,26 @@ def main(argv: list[str] | None = None) -> int:
         if not (tree / "dispatcher").is_dir():
             ap.error(f"{tree}: not a checkout of outboxd (no dispatcher/ in it)")
     rates: dict[Path, list[float]] = {args.before: [], args.after: []}
+    cpu: dict[Path, list[float]] = {args.before: [], args.after: []}
     for i in range(args.pairs):
         order = (args.before, args.after) if i % 2 == 0 else (args.after, args.before)
         for tree in order:
             r = drain_with(tree, args.rows, args.batch)
             rates[tree].append(r["rows_per_s"])
+            # a checkout from before the daemon's CPU was measured reports none
+            cpu[tree].append(r.get("cpu_us_per_row", float("nan")))
             print(f"{tree}: {r['rows_per_s']:,.0f} rows/s, "
-                  f"{r['commits_per_op']:.4f} commits/op", flush=True)
+                  f"{r['commits_per_op']:.4f} commits/op, "
+                  f"daemon CPU {cpu[tree][-1]:.0f} µs/row", flush=True)
     before = statistics.median(rates[args.before])
     after = statistics.median(rates[args.after])
     print(f"median: before {before:,.0f}, after {after:,.0f} rows/s; "
           f"after / before {after / before:.2f}")
+    cpu_before = statistics.median(cpu[args.before])
+    cpu_after = statistics.median(cpu[args.after])
+    print(f"daemon CPU per row (median; steadier than the rate on a shared machine): "
+          f"before {cpu_before:.0f}, after {cpu_after:.0f} µs; "
+          f"after / before {cpu_after / cpu_before:.2f}")
     return 0
 
 

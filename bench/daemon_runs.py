@@ -11,7 +11,15 @@ from typing import Any
 
 import psycopg
 
-from bench.harness import REPO, Deadline, log, peak_rss_mb, sa_url, writing_commits
+from bench.harness import (
+    REPO,
+    Deadline,
+    cpu_seconds,
+    log,
+    peak_rss_mb,
+    sa_url,
+    writing_commits,
+)
 from outbox import db, migrate
 
 
@@ -101,17 +109,24 @@ def drain(
         ]
         rss = 0.0
         deadline = Deadline(timeout)
+        first: tuple[float, int] | None = None  # CPU seconds, rows applied at the first poll
+        cpu = float("nan")  # that saw rows applied: the import and start-up left out
         try:
             with psycopg.connect(dsn, autocommit=True) as conn:
                 while not deadline.passed():
                     time.sleep(0.25)
                     rss = max(rss, peak_rss_mb(procs[0].pid))
+                    used = cpu_seconds(procs[0].pid)
                     row = conn.execute(
                         "SELECT count(*) FILTER (WHERE status = 'applied'), "
                         "count(*) FROM outbox_operations"
                     ).fetchone()
                     assert row is not None
+                    if first is None and row[0]:
+                        first = (used, int(row[0]))
                     if row[0] >= row[1]:
+                        if first is not None and row[0] > first[1]:
+                            cpu = (used - first[0]) / (int(row[0]) - first[1])
                         break
                 else:
                     log(f"  drain timed out: {row[0]} of {row[1]} applied")
@@ -122,7 +137,8 @@ def drain(
             for p in procs:
                 p.wait(timeout=30)
         commits = writing_commits(dsn) - commits_before
-    return {"rows_per_s": rows / seconds, "commits_per_op": commits / rows, "rss_mb": rss}
+    return {"rows_per_s": rows / seconds, "commits_per_op": commits / rows, "rss_mb": rss,
+            "cpu_us_per_row": cpu * 1e6}
 
 
 def drain_for(
