@@ -3,9 +3,9 @@ record. Each step is a method the daemon's loop calls; nothing here sleeps or lo
 
 Order is the protocol: a request leaves the process only after the transaction that
 moved its row to ``dispatching`` has committed, and every later write is fenced on the
-batch's token and the row's revision. Sends run on a bounded thread pool
-(``concurrency`` in flight); their outcomes are recorded in batches — on PostgreSQL by a
-recording thread on a connection of its own, while this thread claims the next batch.
+batch's token and the row's revision. Sends run on up to ``concurrency`` send threads
+(:mod:`dispatcher.engine.senders`); their outcomes are recorded in batches — on PostgreSQL
+by a recording thread on a connection of its own, while this thread claims the next batch.
 """
 
 from __future__ import annotations
