@@ -4,7 +4,9 @@ Run as ``python -m bench.compare BEFORE AFTER [--rows N] [--batch B] [--pairs P]
 BEFORE and AFTER are directories holding a checkout each (``git worktree add`` or ``git
 archive | tar -x``). Each drain is a fresh scratch PostgreSQL database, ``N`` operations
 staged with plain SQL, one ``outboxd run`` of that checkout with the null provider
-(``bench.daemon_runs.drain``, run from that checkout with this interpreter). The order
+(``bench.daemon_runs.drain``, run from that checkout with this interpreter); with
+``--sqlite``, a fresh SQLite file instead (``bench.sqlite_run``), where the daemon's CPU
+includes SQLite's own work. The order
 alternates (A B, B A, ...) so a machine getting faster or slower during the run weighs on
 both sides alike. Prints each drain, then the medians and AFTER / BEFORE: of the rate, and
 of the daemon's CPU time per row from its first applied row to its last (a figure a busy
@@ -30,11 +32,22 @@ with h.scratch_database() as dsn:
     print(json.dumps(d.drain(dsn, {rows}, batch={batch})))
 """
 
+SQLITE_CHILD = """
+import json
+from bench import sqlite_run as s
+if hasattr(s, "drain_sqlite_figures"):
+    r = s.drain_sqlite_figures({rows}, batch={batch})
+else:  # a checkout from before the SQLite drain reported its CPU
+    r = {{"rows_per_s": s.drain_sqlite({rows}, batch={batch})}}
+print(json.dumps({{"commits_per_op": float("nan"), **r}}))
+"""
 
-def drain_with(tree: Path, rows: int, batch: int) -> dict[str, float]:
+
+def drain_with(tree: Path, rows: int, batch: int, *, sqlite: bool = False) -> dict[str, float]:
     """One drain by the checkout at ``tree`` (its packages first on the path)."""
+    child = SQLITE_CHILD if sqlite else CHILD
     done = subprocess.run(
-        [sys.executable, "-c", CHILD.format(rows=rows, batch=batch)],
+        [sys.executable, "-c", child.format(rows=rows, batch=batch)],
         env={**os.environ, "PYTHONPATH": str(tree)},
         cwd=tree, capture_output=True, text=True, check=False,
     )  # fmt: skip
@@ -52,6 +65,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rows", type=int, default=10_000, help="operations per drain")
     ap.add_argument("--batch", type=int, default=10, help="the daemon's batch_size")
     ap.add_argument("--pairs", type=int, default=3, help="drains of each checkout")
+    ap.add_argument("--sqlite", action="store_true",
+                    help="drain a SQLite file instead of a PostgreSQL database")
     args = ap.parse_args(argv)
     for tree in (args.before, args.after):
         if not (tree / "dispatcher").is_dir():
@@ -61,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     for i in range(args.pairs):
         order = (args.before, args.after) if i % 2 == 0 else (args.after, args.before)
         for tree in order:
-            r = drain_with(tree, args.rows, args.batch)
+            r = drain_with(tree, args.rows, args.batch, sqlite=args.sqlite)
             rates[tree].append(r["rows_per_s"])
             # a checkout from before the daemon's CPU was measured reports none
             cpu[tree].append(r.get("cpu_us_per_row", float("nan")))

@@ -73,6 +73,52 @@ def moved_by(token: int, items: Sequence[Transition]) -> sa.Select[Any]:
 
 
 @functools.cache
+def transition_statement(expected: OperationStatus, with_digest: bool) -> Any:
+    """``expected ->`` each row's next status, fenced on revision and token; one parameter
+    set per row (``b_id``, ``b_rev``, ``b_token``, ``b_status``, ``b_reason``,
+    ``b_has_receipt``, ``b_receipt``, ``b_outcome``, ``b_delay``, ``b_digest``)."""
+    b = sa.bindparam
+    stmt = (
+        sa.update(ops)
+        .where(
+            ops.c.id == b("b_id"),
+            ops.c.state_revision == b("b_rev"),
+            ops.c.fencing_token == b("b_token"),
+            ops.c.status == expected.value,
+        )
+        .values(
+            status=b("b_status"),
+            status_reason=b("b_reason"),
+            receipt=sa.case(
+                (b("b_has_receipt", type_=sa.Boolean), b("b_receipt", type_=JSONType)),
+                else_=ops.c.receipt,
+            ),
+            last_outcome=sa.func.coalesce(b("b_outcome", type_=sa.Text), ops.c.last_outcome),
+            next_attempt_at=sa.case(
+                (sa.cast(b("b_delay"), sa.Float).is_(None), None),
+                else_=db_now(sa.cast(b("b_delay"), sa.Float)),
+            ),
+            # the lease ends with the transition, except while a send is still in flight
+            lease_owner=sa.case(
+                (b("b_status") == S.DISPATCHING.value, ops.c.lease_owner), else_=None
+            ),
+            lease_expires_at=sa.case(
+                (b("b_status") == S.DISPATCHING.value, ops.c.lease_expires_at), else_=None
+            ),
+            state_revision=ops.c.state_revision + 1,
+            updated_at=db_now(),
+        )
+    )
+    if with_digest:
+        # fill the digest of plain-SQL rows once (the immutability trigger allows
+        # NULL -> value; naming the column makes it fire, so the common path leaves it out)
+        stmt = stmt.values(
+            payload_digest=sa.func.coalesce(ops.c.payload_digest, b("b_digest", type_=sa.Text))
+        )
+    return stmt
+
+
+@functools.cache
 def may_dispatch() -> Any:
     """Neither the row's own deadline nor its task's has passed on the database clock,
     and its task is not cancelled."""
@@ -195,50 +241,15 @@ class CommonStatements:
         back as moved by the row's own later revision)."""
         if not items:
             return set()
-        b = sa.bindparam
-        stmt = (
-            sa.update(ops)
-            .where(
-                ops.c.id == b("b_id"),
-                ops.c.state_revision == b("b_rev"),
-                ops.c.fencing_token == token,
-                ops.c.status == expected.value,
-            )
-            .values(
-                status=b("b_status"),
-                status_reason=b("b_reason"),
-                receipt=sa.case(
-                    (b("b_has_receipt", type_=sa.Boolean), b("b_receipt", type_=JSONType)),
-                    else_=ops.c.receipt,
-                ),
-                last_outcome=sa.func.coalesce(b("b_outcome", type_=sa.Text), ops.c.last_outcome),
-                next_attempt_at=sa.case(
-                    (sa.cast(b("b_delay"), sa.Float).is_(None), None),
-                    else_=db_now(sa.cast(b("b_delay"), sa.Float)),
-                ),
-                # the lease ends with the transition, except while a send is still in flight
-                lease_owner=sa.case(
-                    (b("b_status") == S.DISPATCHING.value, ops.c.lease_owner), else_=None
-                ),
-                lease_expires_at=sa.case(
-                    (b("b_status") == S.DISPATCHING.value, ops.c.lease_expires_at), else_=None
-                ),
-                state_revision=ops.c.state_revision + 1,
-                updated_at=db_now(),
-            )
-        )
-        if any(t.payload_digest is not None for t in items):
-            # fill the digest of plain-SQL rows once (the immutability trigger allows
-            # NULL -> value; naming the column makes it fire, so the common path leaves it out)
-            stmt = stmt.values(
-                payload_digest=sa.func.coalesce(ops.c.payload_digest, b("b_digest", type_=sa.Text))
-            )
-        conn.execute(
-            stmt,
+        with_digest = any(t.payload_digest is not None for t in items)
+        self.execute_many(
+            conn,
+            transition_statement(expected, with_digest),
             [
                 {
                     "b_id": t.id,
                     "b_rev": t.state_revision,
+                    "b_token": token,
                     "b_status": checked_move(expected, t.status),
                     "b_reason": t.status_reason,
                     "b_has_receipt": t.receipt is not None,
@@ -251,6 +262,13 @@ class CommonStatements:
             ],
         )
         return set(conn.execute(moved_by(token, items)).scalars())
+
+    def execute_many(
+        self, conn: Connection, statement: Any, rows: Sequence[Mapping[str, Any]]
+    ) -> None:
+        """An executemany of ``statement`` in ``conn``'s transaction."""
+        if rows:
+            conn.execute(statement, list(rows))
 
     def extend_leases(
         self,

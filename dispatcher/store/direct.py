@@ -8,6 +8,11 @@ its fixed parameters are kept, the statement runs on the DBAPI cursor of the sam
 connection (same transaction, same prepared-statement policy, same type loaders), and the
 rows come back as the driver's tuples.
 
+An executemany (:func:`execute_many`) keeps the statement's compiled text, its parameter
+order and its types' bind processors, and converts each parameter set with those same
+processors: the values stored are the ones ``Connection.execute`` would store, without its
+per-set parameter construction.
+
 A driver error is raised as SQLAlchemy's ``DBAPIError`` of the same class, and a lost
 connection invalidates the pooled one, as ``Connection.execute`` would: the daemon's
 outage handling (:func:`outbox.db.is_outage`) sees the same exception either way.
@@ -16,7 +21,8 @@ outage handling (:func:`outbox.db.is_outage`) sees the same exception either way
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,21 +60,103 @@ def prepared(
     return Prepared(str(compiled), {k: v for k, v in binds.items() if k not in required})
 
 
+def _schemas(conn: Connection) -> tuple[tuple[str | None, str], ...]:
+    translate = conn.get_execution_options().get("schema_translate_map")
+    return tuple(translate.items()) if translate else ()
+
+
 def fetch_all(
     conn: Connection, statement: ClauseElement, params: Mapping[str, Any]
 ) -> list[tuple[Any, ...]]:
     """Run ``statement`` with ``params`` in ``conn``'s transaction; its rows as tuples
     (none for a statement that returns nothing)."""
-    translate = conn.get_execution_options().get("schema_translate_map")
-    p = prepared(statement, conn.dialect, tuple(translate.items()) if translate else ())
+    p = prepared(statement, conn.dialect, _schemas(conn))
     values = {**p.fixed, **params}
+    with _cursor(conn, p.sql, values) as cursor:
+        cursor.execute(p.sql, values)
+        return list(cursor.fetchall()) if cursor.description is not None else []
+
+
+@dataclass(frozen=True)
+class PreparedMany:
+    """A statement for an executemany: its text, and for each parameter in the driver's
+    order its name, its type's bind processor, and (for a value fixed in the statement)
+    that value already processed."""
+
+    sql: str
+    positional: bool
+    slots: tuple[tuple[str, Callable[[Any], Any] | None, bool, Any], ...]
+
+
+@functools.cache
+def prepared_many(
+    statement: ClauseElement,
+    dialect: Dialect,
+    keys: tuple[str, ...],
+    schemas: tuple[tuple[str | None, str], ...] = (),
+) -> PreparedMany:
+    """``statement`` compiled for an executemany of parameter sets with ``keys``."""
+    compiled = statement.compile(
+        dialect=dialect, column_keys=list(keys), for_executemany=True,
+        schema_translate_map=dict(schemas) if schemas else None,
+        render_schema_translate=bool(schemas))
+    if not isinstance(compiled, SQLCompiler) or (
+        compiled.literal_execute_params
+        or compiled.post_compile_params
+        or compiled.escaped_bind_names
+        or compiled.insert_prefetch
+        or compiled.update_prefetch
+    ):
+        raise TypeError("an executemany on the driver's cursor must bind plain parameters")
+    processors = compiled._bind_processors
+    required = {b.key for b in compiled.binds.values() if b.required}
+    binds = compiled.construct_params(dict.fromkeys(required), _check=False)
+    names = compiled.positiontup if compiled.positional else list(binds)
+    assert names is not None
+    slots = []
+    for name in names:
+        process = processors.get(name)
+        if isinstance(process, Sequence):  # a tuple type's processors, one per element
+            raise TypeError("an executemany on the driver's cursor must bind plain parameters")
+        fixed = name not in required
+        value = binds[name] if fixed else None
+        if fixed and process is not None:
+            value = process(value)
+        slots.append((name, None if fixed else process, fixed, value))
+    return PreparedMany(str(compiled), compiled.positional, tuple(slots))
+
+
+def execute_many(
+    conn: Connection, statement: ClauseElement, rows: Sequence[Mapping[str, Any]]
+) -> None:
+    """Run ``statement`` once per row of ``rows`` (all with the keys of the first) in
+    ``conn``'s transaction, each value converted as ``Connection.execute`` converts it."""
+    if not rows:
+        return
+    p = prepared_many(statement, conn.dialect, tuple(rows[0]), _schemas(conn))
+    slots = p.slots
+    values = [
+        [fx if fixed else (process(row[n]) if process else row[n])
+         for n, process, fixed, fx in slots]
+        for row in rows
+    ]
+    params: list[Any] = (
+        [tuple(v) for v in values] if p.positional
+        else [{s[0]: x for s, x in zip(slots, v, strict=True)} for v in values]
+    )
+    with _cursor(conn, p.sql, params) as cursor:
+        cursor.executemany(p.sql, params)
+
+
+@contextmanager
+def _cursor(conn: Connection, sql: str, params: Any) -> Iterator[Any]:
+    """A cursor of ``conn``'s driver connection; a driver error raised as SQLAlchemy's."""
     raw = conn.connection.dbapi_connection
     assert raw is not None
     try:
         cursor = raw.cursor()
         try:
-            cursor.execute(p.sql, values)
-            return list(cursor.fetchall()) if cursor.description is not None else []
+            yield cursor
         finally:
             cursor.close()
     except conn.dialect.loaded_dbapi.Error as exc:
@@ -76,6 +164,6 @@ def fetch_all(
         if lost:
             conn.invalidate(exc)
         raise sa.exc.DBAPIError.instance(
-            p.sql, values, exc, conn.dialect.loaded_dbapi.Error,
+            sql, params, exc, conn.dialect.loaded_dbapi.Error,
             hide_parameters=True, connection_invalidated=lost, dialect=conn.dialect,
         ) from exc

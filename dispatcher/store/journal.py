@@ -5,7 +5,7 @@ transaction as the transitions they describe, with one multi-row insert per batc
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -98,15 +98,28 @@ def bounded(evidence: Mapping[str, Any] | None) -> dict[str, Any] | None:
     return result
 
 
+INSERT_EVENTS = sa.insert(schema.events)
+INSERT_ATTEMPTS = sa.insert(schema.attempts)
+ExecuteMany = Callable[[Connection, Any, Sequence[Mapping[str, Any]]], None]
+
+
+def _execute(conn: Connection, statement: Any, rows: Sequence[Mapping[str, Any]]) -> None:
+    conn.execute(statement, list(rows))
+
+
 def write(
     conn: Connection,
     events: Sequence[Mapping[str, Any]] = (),
     attempts: Sequence[Mapping[str, Any]] = (),
+    *,
+    execute_many: ExecuteMany = _execute,
 ) -> None:
+    """The rows in one multi-row insert per table (``execute_many``: how a store runs an
+    executemany; ``Connection.execute`` unless the store has a faster way)."""
     if events:
-        conn.execute(sa.insert(schema.events), list(events))
+        execute_many(conn, INSERT_EVENTS, events)
     if attempts:
-        conn.execute(sa.insert(schema.attempts), list(attempts))
+        execute_many(conn, INSERT_ATTEMPTS, attempts)
 
 
 def transitions_from_rows(

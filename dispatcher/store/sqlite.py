@@ -5,7 +5,7 @@ in the same transaction. The contract is :class:`dispatcher.store.interface.Stor
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -13,7 +13,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.compiler import compiles
 
-from dispatcher.store import journal
+from dispatcher.store import direct, journal
 from dispatcher.store.common import (
     DISPATCHING_RETURNS,
     FENCED,
@@ -64,6 +64,13 @@ class SQLiteStore(CommonStatements):
     dialect = "sqlite"
     raw_times = True
     skip_locked = False
+
+    def execute_many(
+        self, conn: Connection, statement: Any, rows: Sequence[Mapping[str, Any]]
+    ) -> None:
+        """On the driver's cursor (:func:`dispatcher.store.direct.execute_many`): the same
+        values stored, without SQLAlchemy's per-row parameter work."""
+        direct.execute_many(conn, statement, rows)
 
     def replication(self, conn: Connection) -> tuple[int, str, str] | None:
         """None: a SQLite file has no standbys."""
@@ -177,5 +184,6 @@ class SQLiteStore(CommonStatements):
                 else {**r.attempt, "evidence": {**(r.attempt["evidence"] or {}), **FENCED}}
                 for r in items
             ],
+            execute_many=direct.execute_many,
         )
         return moved
