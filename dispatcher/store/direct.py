@@ -34,10 +34,12 @@ from sqlalchemy.sql.compiler import SQLCompiler
 
 @dataclass(frozen=True)
 class Prepared:
-    """A statement as the driver takes it: its text and the values it always binds."""
+    """A statement as the driver takes it: its text, the values it always binds, and for
+    a driver that binds by position (SQLite's ``?``) the parameters' names in order."""
 
     sql: str
     fixed: Mapping[str, Any]
+    order: tuple[str, ...] | None = None
 
 
 @functools.cache
@@ -57,7 +59,9 @@ def prepared(
         raise TypeError("a statement run on the driver's cursor must bind plain values")
     required = {b.key for b in compiled.binds.values() if b.required}
     binds = compiled.construct_params(dict.fromkeys(required), _check=False)
-    return Prepared(str(compiled), {k: v for k, v in binds.items() if k not in required})
+    order = tuple(compiled.positiontup or ()) if compiled.positional else None
+    return Prepared(
+        str(compiled), {k: v for k, v in binds.items() if k not in required}, order)
 
 
 def _schemas(conn: Connection) -> tuple[tuple[str | None, str], ...]:
@@ -71,7 +75,8 @@ def fetch_all(
     """Run ``statement`` with ``params`` in ``conn``'s transaction; its rows as tuples
     (none for a statement that returns nothing)."""
     p = prepared(statement, conn.dialect, _schemas(conn))
-    values = {**p.fixed, **params}
+    named = {**p.fixed, **params}
+    values: Any = named if p.order is None else tuple(named[n] for n in p.order)
     with _cursor(conn, p.sql, values) as cursor:
         cursor.execute(p.sql, values)
         return list(cursor.fetchall()) if cursor.description is not None else []

@@ -5,8 +5,11 @@ in the same transaction. The contract is :class:`dispatcher.store.interface.Stor
 
 from __future__ import annotations
 
+import functools
+import json
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
@@ -22,15 +25,14 @@ from dispatcher.store.common import (
     claim_values,
     dispatching_values,
     eligible,
-    fenced,
     may_dispatch,
+    status_literal,
     task_limits_of,
 )
 from dispatcher.store.transitions import Claimed, Dispatching, Recorded
-from outbox import schema
+from outbox import decoding, schema
 from outbox.records import OperationRecord, raw_operation_columns
 from outbox.states import OperationStatus
-from outbox.types import in_pairs
 
 ops = schema.operations
 tasks = schema.tasks
@@ -54,10 +56,98 @@ def _table_with_hint(table: sa.Table, compiler: Any, **kw: Any) -> str:
     return text
 
 
-def claimable(limit: int) -> sa.Select[Any]:
+def claimable(limit: int | Any) -> sa.Select[Any]:
     """The ids a claim takes: :func:`~dispatcher.store.common.eligible` read through the
     pending rows' partial index."""
     return eligible(limit).with_hint(ops, PENDING_IN_ID_ORDER, "sqlite")
+
+
+# -- the hot path's statements: each built and compiled once, run on the driver's cursor
+# (dispatcher.store.direct); a batch's ids or (id, revision) pairs are one JSON parameter
+def from_json(name: str, *paths: str) -> sa.Select[Any]:
+    """The rows of the JSON array parameter ``name``: each element's values at ``paths``
+    (the element itself without any)."""
+    each = sa.func.json_each(sa.bindparam(name, type_=sa.Text())).table_valued("value")
+    if not paths:
+        return sa.select(each.c.value)
+    return sa.select(*(sa.func.json_extract(each.c.value, sa.literal_column(f"'{p}'"))
+                       for p in paths))
+
+
+@functools.cache
+def claim_statement() -> Any:
+    """``pending -> claimed`` for up to ``limit`` eligible rows under ``token``, leased to
+    ``actor`` for ``lease`` seconds; returns the rows (:func:`raw_operation_columns`)."""
+    b = sa.bindparam
+    return (
+        sa.update(ops)
+        .where(ops.c.id.in_(claimable(b("limit", type_=sa.Integer())).scalar_subquery()))
+        .values(**claim_values(token=b("token", type_=sa.BigInteger()),
+                               actor=b("actor", type_=sa.Text()),
+                               lease=b("lease")))
+        .returning(*raw_operation_columns(ops, raw_times=True))
+    )
+
+
+@functools.cache
+def mark_statement() -> Any:
+    """``claimed -> dispatching`` for the ``pairs`` (a JSON array of [id, revision]) still
+    claimed under ``token`` that may dispatch, the lease renewed for ``lease`` seconds;
+    returns :data:`DISPATCHING_RETURNS`."""
+    b = sa.bindparam
+    return (
+        sa.update(ops)
+        .where(
+            ops.c.id.in_(from_json("pairs", "$[0]")),
+            sa.tuple_(ops.c.id, ops.c.state_revision).in_(from_json("pairs", "$[0]", "$[1]")),
+            ops.c.fencing_token == b("token", type_=sa.BigInteger()),
+            # `status || ''`: no index on status for this term, or SQLite's planner, which
+            # cannot size the JSON lists, walks every claimed row instead of the batch's ids
+            ops.c.status.concat(sa.literal_column("''")) == status_literal(S.CLAIMED),
+            may_dispatch(),
+        )
+        .values(**dispatching_values(lease=b("lease")))
+        .returning(*DISPATCHING_RETURNS)
+    )
+
+
+@functools.cache
+def events_statement(from_status: OperationStatus, to_status: OperationStatus) -> Any:
+    """``from_status -> to_status`` events for the rows whose ids are the JSON array
+    ``ids``, copied from the rows (their token included) in id order, by ``actor``."""
+    columns = ["tenant_id", "task_id", "operation_id", "kind", "from_status", "to_status",
+               "actor", "fencing_token"]
+    return sa.insert(schema.events).from_select(
+        columns,
+        sa.select(
+            ops.c.tenant_id, ops.c.task_id, ops.c.operation_id,
+            sa.literal_column("'transition'"),
+            status_literal(from_status), status_literal(to_status),
+            sa.bindparam("actor", type_=sa.Text()), ops.c.fencing_token,
+        )
+        .where(ops.c.id.in_(from_json("ids")))
+        .order_by(ops.c.id),
+    )
+
+
+@functools.cache
+def task_limits_statement() -> Any:
+    """:data:`TASK_LIMIT_COLUMNS` of the tasks whose (tenant, task) pairs are the JSON
+    array ``tasks``."""
+    return sa.select(*TASK_LIMIT_COLUMNS).where(
+        sa.tuple_(tasks.c.tenant_id, tasks.c.task_id).in_(from_json("tasks", "$[0]", "$[1]")))
+
+
+def _json(values: Any) -> str:
+    return json.dumps(values, separators=(",", ":"))
+
+
+def _time(text: str) -> datetime:
+    """A timestamp the mark returns (its own clock, or one the claim already parsed)."""
+    value = decoding.parse_time(text, "timestamp")
+    if not isinstance(value, datetime):
+        raise ValueError(f"not a stored timestamp: {value}")
+    return value
 
 
 class SQLiteStore(CommonStatements):
@@ -113,23 +203,16 @@ class SQLiteStore(CommonStatements):
         self, conn: Connection, *, worker: str, limit: int, lease_seconds: float
     ) -> Claimed:
         token = self.fencing_token(conn)
-        rows = conn.execute(
-            sa.update(ops)
-            .where(ops.c.id.in_(claimable(limit).scalar_subquery()))
-            .values(**claim_values(token=token, actor=worker, lease=lease_seconds))
-            .returning(*raw_operation_columns(ops, raw_times=True))
-        ).all()
+        rows = direct.fetch_all(conn, claim_statement(),
+                                {"limit": limit, "token": token, "actor": worker,
+                                 "lease": float(lease_seconds)})
         records = sorted((OperationRecord.from_raw_values(r) for r in rows), key=lambda r: r.id)
         if not records:
             return Claimed(0, [], {})
-        journal.transitions_from_rows(
-            conn, [r.id for r in records], from_status="pending", to_status="claimed", actor=worker
-        )
+        direct.fetch_all(conn, events_statement(S.PENDING, S.CLAIMED),
+                         {"ids": _json([r.id for r in records]), "actor": worker})
         pairs = sorted({(r.tenant_id, r.task_id) for r in records})
-        found = conn.execute(
-            sa.select(*TASK_LIMIT_COLUMNS).where(
-                in_pairs((tasks.c.tenant_id, tasks.c.task_id), pairs))
-        ).all()
+        found = direct.fetch_all(conn, task_limits_statement(), {"tasks": _json(pairs)})
         return Claimed(token, records, task_limits_of(found))
 
     def mark_dispatching(
@@ -143,16 +226,13 @@ class SQLiteStore(CommonStatements):
     ) -> list[Dispatching]:
         if not pairs:
             return []
-        rows = conn.execute(
-            sa.update(ops)
-            .where(fenced(token, pairs, S.CLAIMED), may_dispatch())
-            .values(**dispatching_values(lease=lease_seconds))
-            .returning(*DISPATCHING_RETURNS)
-        ).all()
-        journal.transitions_from_rows(
-            conn, [r[0] for r in rows], from_status="claimed", to_status="dispatching", actor=actor
-        )
-        return [Dispatching(r[0], r[1], r[2], r[3], r[4]) for r in rows]
+        rows = direct.fetch_all(
+            conn, mark_statement(),
+            {"pairs": _json(pairs), "token": token, "lease": float(lease_seconds)})
+        if rows:
+            direct.fetch_all(conn, events_statement(S.CLAIMED, S.DISPATCHING),
+                             {"ids": _json([r[0] for r in rows]), "actor": actor})
+        return [Dispatching(r[0], r[1], r[2], _time(r[3]), _time(r[4])) for r in rows]
 
     def record_many(
         self, conn: Connection, *, token: int, items: Sequence[Recorded], actor: str

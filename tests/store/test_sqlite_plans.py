@@ -13,7 +13,14 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from dispatcher.store.common import fenced, moved_by
-from dispatcher.store.sqlite import SQLiteStore, claimable
+from dispatcher.store.sqlite import (
+    SQLiteStore,
+    claim_statement,
+    claimable,
+    events_statement,
+    mark_statement,
+    task_limits_statement,
+)
 from dispatcher.store.transitions import Transition
 from outbox import db, schema
 from outbox.states import OperationStatus
@@ -77,3 +84,30 @@ def test_the_record_read_back_finds_its_rows_by_primary_key(lite: Engine) -> Non
     text = plan(lite, moved_by(7, items))
     assert "SCAN outbox_operations" not in text, text
     assert "PRIMARY KEY" in text, text
+
+
+@pytest.mark.parametrize(("name", "found_by"), [
+    ("claim", "INTEGER PRIMARY KEY"),
+    ("mark", "INTEGER PRIMARY KEY"),
+    ("events", "INTEGER PRIMARY KEY"),
+    ("task limits", "(tenant_id=? AND task_id=?)"),
+])
+def test_the_hot_paths_json_batches_are_looked_up_through_an_index(
+    lite: Engine, name: str, found_by: str
+) -> None:
+    """The claim, the dispatching mark, their events and the claim's task rows take a
+    batch's ids or pairs as one JSON array: each looks its rows up by key, whatever the
+    planner guesses of the array's size (the mark's status test would otherwise draw it to
+    the status index, every claimed row of every worker)."""
+    statement = {
+        "claim": claim_statement(),
+        "mark": mark_statement(),
+        "events": events_statement(S.PENDING, S.CLAIMED),
+        "task limits": task_limits_statement(),
+    }[name]
+    sql = str(statement.compile(dialect=lite.dialect))
+    with lite.connect() as conn:
+        text = "\n".join(str(r[-1]) for r in conn.exec_driver_sql(
+            f"EXPLAIN QUERY PLAN {sql}", ("[[1, 2]]",) * sql.count("?")))
+    first = text.split("\n")[0]
+    assert found_by in first and "SCAN" not in first, text
