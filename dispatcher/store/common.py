@@ -238,11 +238,13 @@ class CommonStatements:
         """One executemany plus one read-back of which rows this batch actually moved
         (the token is unique to the batch, so ``revision + 1`` in the new status under our
         token can only be our write; an item whose revision was already stale is not read
-        back as moved by the row's own later revision)."""
+        back as moved by the row's own later revision). No read-back where the driver
+        counted as many rows changed as there are items: each item names one row by its
+        id, so every item moved its row."""
         if not items:
             return set()
         with_digest = any(t.payload_digest is not None for t in items)
-        self.execute_many(
+        changed = self.execute_many(
             conn,
             transition_statement(expected, with_digest),
             [
@@ -261,14 +263,18 @@ class CommonStatements:
                 for t in items
             ],
         )
+        if changed == len(items):
+            return {t.id for t in items}
         return set(conn.execute(moved_by(token, items)).scalars())
 
     def execute_many(
         self, conn: Connection, statement: Any, rows: Sequence[Mapping[str, Any]]
-    ) -> None:
-        """An executemany of ``statement`` in ``conn``'s transaction."""
+    ) -> int | None:
+        """An executemany of ``statement`` in ``conn``'s transaction; the rows it changed
+        where the driver counts them reliably over an executemany, else None."""
         if rows:
             conn.execute(statement, list(rows))
+        return None
 
     def extend_leases(
         self,

@@ -133,11 +133,12 @@ def prepared_many(
 
 def execute_many(
     conn: Connection, statement: ClauseElement, rows: Sequence[Mapping[str, Any]]
-) -> None:
+) -> int:
     """Run ``statement`` once per row of ``rows`` (all with the keys of the first) in
-    ``conn``'s transaction, each value converted as ``Connection.execute`` converts it."""
+    ``conn``'s transaction, each value converted as ``Connection.execute`` converts it.
+    Returns the rows the statement changed, over all of ``rows`` (the driver's count)."""
     if not rows:
-        return
+        return 0
     p = prepared_many(statement, conn.dialect, tuple(rows[0]), _schemas(conn))
     slots = p.slots
     values = [
@@ -151,6 +152,7 @@ def execute_many(
     )
     with _cursor(conn, p.sql, params) as cursor:
         cursor.executemany(p.sql, params)
+        return int(cursor.rowcount)
 
 
 @contextmanager

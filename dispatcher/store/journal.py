@@ -100,7 +100,7 @@ def bounded(evidence: Mapping[str, Any] | None) -> dict[str, Any] | None:
 
 INSERT_EVENTS = sa.insert(schema.events)
 INSERT_ATTEMPTS = sa.insert(schema.attempts)
-ExecuteMany = Callable[[Connection, Any, Sequence[Mapping[str, Any]]], None]
+ExecuteMany = Callable[[Connection, Any, Sequence[Mapping[str, Any]]], object]
 
 
 def _execute(conn: Connection, statement: Any, rows: Sequence[Mapping[str, Any]]) -> None:

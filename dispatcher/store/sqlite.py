@@ -157,10 +157,11 @@ class SQLiteStore(CommonStatements):
 
     def execute_many(
         self, conn: Connection, statement: Any, rows: Sequence[Mapping[str, Any]]
-    ) -> None:
+    ) -> int:
         """On the driver's cursor (:func:`dispatcher.store.direct.execute_many`): the same
-        values stored, without SQLAlchemy's per-row parameter work."""
-        direct.execute_many(conn, statement, rows)
+        values stored, without SQLAlchemy's per-row parameter work; SQLite counts the rows
+        each execution changed (not those its triggers did)."""
+        return direct.execute_many(conn, statement, rows)
 
     def replication(self, conn: Connection) -> tuple[int, str, str] | None:
         """None: a SQLite file has no standbys."""

@@ -105,8 +105,10 @@ def test_a_transition_executemany_matches_connection_execute(eng: Engine) -> Non
     statement = transition_statement(S.DISPATCHING, False)
     with eng.begin() as conn:
         conn.execute(statement, [params(ids[0], {"id": "r1"}), params(ids[1], None)])
-        direct.execute_many(conn, statement, [params(ids[2], {"id": "r1"}),
-                                              params(ids[3], None)])
+        changed = direct.execute_many(conn, statement, [params(ids[2], {"id": "r1"}),
+                                                        params(ids[3], None)])
+        stale = direct.execute_many(conn, statement, [params(ids[3], None)])
+    assert (changed, stale) == (2, 0)  # the rows changed, over every parameter set
     with eng.connect() as conn:
         shown = [sa.cast(ops.c[c], sa.Text) for c in
                  ("status", "receipt", "last_outcome", "lease_owner", "state_revision")]
