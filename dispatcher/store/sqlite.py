@@ -75,6 +75,18 @@ def from_json(name: str, *paths: str) -> sa.Select[Any]:
 
 
 @functools.cache
+def fencing_statement() -> Any:
+    """The fencing counter (``outbox_meta``'s ``fencing`` row) moved on by one; returns
+    its new value."""
+    return (
+        sa.update(meta)
+        .where(meta.c.tenant_id == "*", meta.c.name == "fencing")
+        .values(value=sa.cast(sa.cast(meta.c.value, sa.Integer) + 1, sa.Text))
+        .returning(meta.c.value)
+    )
+
+
+@functools.cache
 def claim_statement() -> Any:
     """``pending -> claimed`` for up to ``limit`` eligible rows under ``token``, leased to
     ``actor`` for ``lease`` seconds; returns the rows (:func:`raw_operation_columns`)."""
@@ -191,13 +203,7 @@ class SQLiteStore(CommonStatements):
 
     def fencing_token(self, conn: Connection) -> int:
         """A fresh value of the monotonic fencing counter (the ``fencing`` row)."""
-        meta = schema.meta
-        value = conn.execute(
-            sa.update(meta)
-            .where(meta.c.tenant_id == "*", meta.c.name == "fencing")
-            .values(value=sa.cast(sa.cast(meta.c.value, sa.Integer) + 1, sa.Text))
-            .returning(meta.c.value)
-        ).scalar_one()
+        ((value,),) = direct.fetch_all(conn, fencing_statement(), {})
         return int(value)
 
     def claim(
