@@ -121,38 +121,3 @@ def write(
     if attempts:
         execute_many(conn, INSERT_ATTEMPTS, attempts)
 
-
-def transitions_from_rows(
-    conn: Connection, ids: Sequence[int], *, from_status: str, to_status: str, actor: str
-) -> None:
-    """Events for a batch that made the same transition, copied server-side from the rows
-    (one ``INSERT ... SELECT``: no per-row parameters cross the wire)."""
-    if not ids:
-        return
-    ops, ev = schema.operations, schema.events
-    conn.execute(
-        sa.insert(ev).from_select(
-            [
-                "tenant_id",
-                "task_id",
-                "operation_id",
-                "kind",
-                "from_status",
-                "to_status",
-                "actor",
-                "fencing_token",
-            ],
-            sa.select(
-                ops.c.tenant_id,
-                ops.c.task_id,
-                ops.c.operation_id,
-                sa.literal("transition"),
-                sa.literal(from_status),
-                sa.literal(to_status),
-                sa.literal(actor),
-                ops.c.fencing_token,
-            )
-            .where(ops.c.id.in_(list(ids)))
-            .order_by(ops.c.id),
-        )
-    )
