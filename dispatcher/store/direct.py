@@ -21,7 +21,7 @@ outage handling (:func:`outbox.db.is_outage`) sees the same exception either way
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -42,23 +42,38 @@ class Prepared:
     order: tuple[str, ...] | None = None
 
 
+def _compile(
+    statement: ClauseElement,
+    dialect: Dialect,
+    schemas: tuple[tuple[str | None, str], ...],
+    refusal: str,
+    **kw: Any,
+) -> tuple[SQLCompiler, set[str], MutableMapping[str, Any]]:
+    """``statement`` compiled for ``dialect``, its tables in the schemas of the
+    connection's ``schema_translate_map`` (``schemas``: its items); the names of the
+    parameters the caller binds, and every parameter's value (None for those). A statement
+    whose text depends on its values is refused with ``refusal``."""
+    compiled = statement.compile(
+        dialect=dialect, schema_translate_map=dict(schemas) if schemas else None,
+        render_schema_translate=bool(schemas), **kw)
+    if not isinstance(compiled, SQLCompiler) or (
+        compiled.literal_execute_params or compiled.post_compile_params
+    ):
+        raise TypeError(refusal)
+    required = {b.key for b in compiled.binds.values() if b.required}
+    return compiled, required, compiled.construct_params(dict.fromkeys(required), _check=False)
+
+
 @functools.cache
 def prepared(
     statement: ClauseElement, dialect: Dialect, schemas: tuple[tuple[str | None, str], ...] = ()
 ) -> Prepared:
-    """``statement`` compiled for ``dialect``, its tables in the schemas of the
-    connection's ``schema_translate_map`` (``schemas``: its items)."""
-    compiled = statement.compile(
-        dialect=dialect, schema_translate_map=dict(schemas) if schemas else None,
-        render_schema_translate=bool(schemas))
-    if not isinstance(compiled, SQLCompiler) or (
-        compiled.literal_execute_params
-        or compiled.post_compile_params
-        or getattr(compiled, "_bind_processors", None)
-    ):
-        raise TypeError("a statement run on the driver's cursor must bind plain values")
-    required = {b.key for b in compiled.binds.values() if b.required}
-    binds = compiled.construct_params(dict.fromkeys(required), _check=False)
+    """``statement`` compiled for ``dialect`` (see :func:`_compile`), to run with plain
+    values: a statement whose types convert them is refused."""
+    refusal = "a statement run on the driver's cursor must bind plain values"
+    compiled, required, binds = _compile(statement, dialect, schemas, refusal)
+    if getattr(compiled, "_bind_processors", None):
+        raise TypeError(refusal)
     order = tuple(compiled.positiontup or ()) if compiled.positional else None
     return Prepared(
         str(compiled), {k: v for k, v in binds.items() if k not in required}, order)
@@ -100,29 +115,21 @@ def prepared_many(
     keys: tuple[str, ...],
     schemas: tuple[tuple[str | None, str], ...] = (),
 ) -> PreparedMany:
-    """``statement`` compiled for an executemany of parameter sets with ``keys``."""
-    compiled = statement.compile(
-        dialect=dialect, column_keys=list(keys), for_executemany=True,
-        schema_translate_map=dict(schemas) if schemas else None,
-        render_schema_translate=bool(schemas))
-    if not isinstance(compiled, SQLCompiler) or (
-        compiled.literal_execute_params
-        or compiled.post_compile_params
-        or compiled.escaped_bind_names
-        or compiled.insert_prefetch
-        or compiled.update_prefetch
-    ):
-        raise TypeError("an executemany on the driver's cursor must bind plain parameters")
+    """``statement`` compiled for an executemany of parameter sets with ``keys`` (see
+    :func:`_compile`); values a Python-side default would fill are refused."""
+    refusal = "an executemany on the driver's cursor must bind plain parameters"
+    compiled, required, binds = _compile(
+        statement, dialect, schemas, refusal, column_keys=list(keys), for_executemany=True)
+    if compiled.escaped_bind_names or compiled.insert_prefetch or compiled.update_prefetch:
+        raise TypeError(refusal)
     processors = compiled._bind_processors
-    required = {b.key for b in compiled.binds.values() if b.required}
-    binds = compiled.construct_params(dict.fromkeys(required), _check=False)
     names = compiled.positiontup if compiled.positional else list(binds)
     assert names is not None
     slots = []
     for name in names:
         process = processors.get(name)
         if isinstance(process, Sequence):  # a tuple type's processors, one per element
-            raise TypeError("an executemany on the driver's cursor must bind plain parameters")
+            raise TypeError(refusal)
         fixed = name not in required
         value = binds[name] if fixed else None
         if fixed and process is not None:
