@@ -136,7 +136,26 @@ sa.Index(
     postgresql_where=operations.c.status.in_(["claimed", "dispatching"]),
     sqlite_where=operations.c.status.in_(["claimed", "dispatching"]),
 )
-sa.Index("ix_outbox_operations_status_updated", operations.c.status, operations.c.updated_at)
+# Rows at rest by status and age (gauges, retention): not the rows on the dispatch path,
+# which the partial pending and lease indexes hold, so a dispatch's three status changes
+# add one entry here, not three (migration 0004).
+ON_THE_PATH = ("pending", "claimed", "dispatching")
+
+
+def at_rest() -> sa.ColumnElement[bool]:
+    """The status index's predicate. A query of rows at rest states it besides its own
+    status test, so SQLite (which proves a partial index usable only from a term it finds
+    as written) reads the index too; PostgreSQL proves it from ``status = ...`` alone."""
+    return operations.c.status.notin_(ON_THE_PATH)
+
+
+sa.Index(
+    "ix_outbox_operations_status_updated",
+    operations.c.status,
+    operations.c.updated_at,
+    postgresql_where=at_rest(),
+    sqlite_where=at_rest(),
+)
 sa.Index("ix_outbox_operations_task", operations.c.tenant_id, operations.c.task_id)
 sa.Index(
     "ix_outbox_operations_ordering",

@@ -592,18 +592,30 @@ class CommonStatements:
 
 
 # -- the gauges' statements (each answered from an index bounded by the backlog) --------
-def count_statement(statuses: Sequence[OperationStatus]) -> sa.Select[Any]:
-    return (
-        sa.select(ops.c.status, sa.func.count())
-        .where(ops.c.status.in_([s.value for s in statuses]))
-        .group_by(ops.c.status)
-    )
+def count_statement(statuses: Sequence[OperationStatus]) -> Any:
+    """``(status, count)`` for ``statuses``: one part per index that holds them — pending
+    rows from the partial pending index, leased rows from the partial lease index, rows
+    at rest from the partial status index (:func:`outbox.schema.at_rest`)."""
+    values = [s.value for s in statuses]
+    pending = [v for v in values if v == S.PENDING.value]
+    leased = [v for v in values if v in (S.CLAIMED.value, S.DISPATCHING.value)]
+    resting = [v for v in values if v not in schema.ON_THE_PATH]
+    parts = [
+        sa.select(ops.c.status, sa.func.count()).where(where).group_by(ops.c.status)
+        for group, where in (
+            (pending, ops.c.status == S.PENDING.value),
+            (leased, sa.and_(ops.c.status.in_(leased), ops.c.lease_expires_at.isnot(None))),
+            (resting, sa.and_(ops.c.status.in_(resting), schema.at_rest())),
+        )
+        if group
+    ]
+    return parts[0] if len(parts) == 1 else sa.union_all(*parts)
 
 
 def blocked_statement() -> sa.Select[Any]:
     return (
         sa.select(ops.c.status_reason, sa.func.count())
-        .where(ops.c.status == S.BLOCKED.value)
+        .where(ops.c.status == S.BLOCKED.value, schema.at_rest())
         .group_by(ops.c.status_reason)
     )
 

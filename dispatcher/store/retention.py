@@ -192,7 +192,7 @@ def purge(
         def before(days: float) -> datetime:
             return at - timedelta(days=days)
 
-        finished = ops.c.status.in_(_FINISHED)
+        finished = sa.and_(ops.c.status.in_(_FINISHED), schema.at_rest())  # its index
         free = ~_held(ops.c.tenant_id, ops.c.task_id)
         payload_due = sa.and_(finished, free, ops.c.payload_purged_at.is_(None),
                               ops.c.updated_at < before(config.payload_days))

@@ -82,7 +82,7 @@ def test_0002_rows_in_every_state_survive_0003_and_dispatch(
     dialect = engine.dialect.name
     try:
         before = _statuses(engine)
-        assert migrate.upgrade(engine) == migrate.head() == "0003"
+        assert migrate.upgrade(engine) == migrate.head()
         migrate.check_current(engine)
         assert _statuses(engine) == before  # the upgrade itself changed no row
         for op_id, (column, literal) in _old_rows(dialect).items():  # the door is shut now
