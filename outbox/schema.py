@@ -207,7 +207,8 @@ attempts = sa.Table(
     _created(),
 )
 sa.Index("ix_outbox_attempts_operation", attempts.c.tenant_id, attempts.c.operation_id)
-sa.Index("ix_outbox_attempts_created", attempts.c.created_at)
+# append-only, in time order: a block-range index on PostgreSQL (migration 0005)
+sa.Index("ix_outbox_attempts_created", attempts.c.created_at, postgresql_using="brin")
 
 events = sa.Table(
     "outbox_events",
@@ -227,7 +228,7 @@ events = sa.Table(
     _created(),
 )
 sa.Index("ix_outbox_events_operation", events.c.tenant_id, events.c.operation_id)
-sa.Index("ix_outbox_events_created", events.c.created_at)
+sa.Index("ix_outbox_events_created", events.c.created_at, postgresql_using="brin")
 
 meta = sa.Table(
     "outbox_meta",

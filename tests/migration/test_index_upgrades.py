@@ -1,13 +1,15 @@
-"""Migration 0004 upgrades a live 0003 database: rows in every operation state are upgraded
-to head unchanged (only an index is rebuilt), the status index now holds the rows at rest
-and none on the dispatch path, the gauges count every state as a plain count does, and a
-real ``outboxd run --once`` dispatches them: pending ones applied, expired leases recovered
-by the rules, rows at rest untouched. On both dialects."""
+"""Migrations that rebuild indexes and change no row: 0004 (the status index holds only
+rows at rest) and 0005 (BRIN for the append-only tables' ``created_at`` on PostgreSQL).
+Each upgrades a live database at the revision before it, holding rows in every operation
+state, to head: no row changes, the index is what the revision says, the gauges count every
+state as a plain count does, and a real ``outboxd run --once`` dispatches the rows —
+pending ones applied, expired leases recovered by the rules, rows at rest untouched. On
+both dialects."""
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -22,42 +24,64 @@ from tests.migration.test_0002_upgrade import ROWS, TERMINAL, _insert_every_stat
 from tests.support.daemon import http_provider, run_once, write_config
 from tests.support.sim import SimProcess
 
-INDEX = "ix_outbox_operations_status_updated"
+STATUS_INDEX = "ix_outbox_operations_status_updated"
+BRIN_INDEXES = ("ix_outbox_events_created", "ix_outbox_attempts_created")
 
 
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def at_0003(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    yield from database_at(request, tmp_path, "0003", _insert_every_state)
-
-
-def _index_definition(engine: Engine) -> str:
+def _index_definition(engine: Engine, name: str) -> str:
     with engine.connect() as conn:
         if engine.dialect.name == "sqlite":
             sql = "SELECT sql FROM sqlite_master WHERE type = 'index' AND name = :n"
         else:
             sql = "SELECT indexdef FROM pg_indexes WHERE indexname = :n"
-        return str(conn.execute(sa.text(sql), {"n": INDEX}).scalar_one())
+        return str(conn.execute(sa.text(sql), {"n": name}).scalar_one()).upper()
+
+
+def _status_index_at_rest(engine: Engine, upgraded: bool) -> None:
+    definition = _index_definition(engine, STATUS_INDEX)
+    assert ("WHERE" in definition and "DISPATCHING" in definition) == upgraded, definition
+
+
+def _brin_on_postgresql(engine: Engine, upgraded: bool) -> None:
+    for name in BRIN_INDEXES:
+        brin = "USING BRIN" in _index_definition(engine, name)
+        assert brin == (upgraded and engine.dialect.name == "postgresql"), name
+
+
+CASES: dict[str, tuple[str, Callable[[Engine, bool], None]]] = {
+    "0004": ("0003", _status_index_at_rest),
+    "0005": ("0004", _brin_on_postgresql),
+}
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def before_revision(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A database at the revision before the test's ``revision``, rows in every state."""
+    previous = CASES[request.getfixturevalue("revision")][0]
+    yield from database_at(request, tmp_path, previous, _insert_every_state)
 
 
 @pytest.mark.slow
-def test_0003_rows_in_every_state_survive_0004_and_dispatch(
-    at_0003: str, tmp_path: Path
+@pytest.mark.parametrize("revision", sorted(CASES))
+def test_rows_in_every_state_survive_the_index_rebuild_and_dispatch(
+    before_revision: str, tmp_path: Path, revision: str
 ) -> None:
-    engine = db.create_engine(at_0003)
+    url = before_revision
+    index_is_rebuilt = CASES[revision][1]
+    engine = db.create_engine(url)
     try:
         before = operations(engine)
-        assert "WHERE" not in _index_definition(engine).upper()
+        index_is_rebuilt(engine, False)
         assert migrate.upgrade(engine) == migrate.head()
         migrate.check_current(engine)
         assert operations(engine) == before  # the upgrade itself changed no row
-        partial = _index_definition(engine)
-        assert "WHERE" in partial.upper() and "dispatching" in partial
+        index_is_rebuilt(engine, True)
         counted = gauges.refresh(engine)  # each part from its own index
         plain = Counter(str(r["status"]) for r in before.values())
         assert {s: n for s, n in counted.items() if n} == dict(plain)
 
         with SimProcess(tmp_path) as sim:
-            result = run_once(write_config(tmp_path, at_0003, {PROVIDER: http_provider(sim)}))
+            result = run_once(write_config(tmp_path, url, {PROVIDER: http_provider(sim)}))
             assert result.returncode == 0, result.stderr[-3000:]
             sent = effects(sim)
         after = operations(engine)
