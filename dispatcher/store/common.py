@@ -72,19 +72,37 @@ def moved_by(token: int, items: Sequence[Transition]) -> sa.Select[Any]:
     )
 
 
+def stored_status(status: OperationStatus, held: bool) -> OperationStatus:
+    """The status a row shown as ``status`` is stored in: a held claim
+    (:meth:`dispatcher.store.interface.Store.claim` with ``held``) shows its rows
+    ``claimed`` while they stay ``pending``, locked by the claiming transaction."""
+    return S.PENDING if held and status == S.CLAIMED else status
+
+
+def fence(token: Any, expected: OperationStatus, held: bool) -> Any:
+    """A write's fence: still in ``expected`` under ``token``. A held claim's rows are
+    fenced by the claiming transaction's row locks instead (still ``pending``; the
+    write sets the token)."""
+    if held:
+        return ops.c.status == stored_status(expected, held).value
+    return sa.and_(ops.c.fencing_token == token, ops.c.status == expected.value)
+
+
 @functools.cache
-def transition_statement(expected: OperationStatus, with_digest: bool) -> Any:
-    """``expected ->`` each row's next status, fenced on revision and token; one parameter
-    set per row (``b_id``, ``b_rev``, ``b_token``, ``b_status``, ``b_reason``,
-    ``b_has_receipt``, ``b_receipt``, ``b_outcome``, ``b_delay``, ``b_digest``)."""
+def transition_statement(
+    expected: OperationStatus, with_digest: bool, held: bool = False
+) -> Any:
+    """``expected ->`` each row's next status, fenced on revision and token (``held``: on
+    the claiming transaction's locks, :func:`fence`); one parameter set per row
+    (``b_id``, ``b_rev``, ``b_token``, ``b_status``, ``b_reason``, ``b_has_receipt``,
+    ``b_receipt``, ``b_outcome``, ``b_delay``, ``b_digest``)."""
     b = sa.bindparam
     stmt = (
         sa.update(ops)
         .where(
             ops.c.id == b("b_id"),
             ops.c.state_revision == b("b_rev"),
-            ops.c.fencing_token == b("b_token"),
-            ops.c.status == expected.value,
+            fence(b("b_token"), expected, held),
         )
         .values(
             status=b("b_status"),
@@ -109,6 +127,8 @@ def transition_statement(expected: OperationStatus, with_digest: bool) -> Any:
             updated_at=db_now(),
         )
     )
+    if held:  # the claim wrote no token: this write does
+        stmt = stmt.values(fencing_token=b("b_token"))
     if with_digest:
         # fill the digest of plain-SQL rows once (the immutability trigger allows
         # NULL -> value; naming the column makes it fire, so the common path leaves it out)
@@ -234,6 +254,7 @@ class CommonStatements:
         token: int,
         expected: OperationStatus,
         items: Sequence[Transition],
+        held: bool = False,
     ) -> set[int]:
         """One executemany plus one read-back of which rows this batch actually moved
         (the token is unique to the batch, so ``revision + 1`` in the new status under our
@@ -246,7 +267,7 @@ class CommonStatements:
         with_digest = any(t.payload_digest is not None for t in items)
         changed = self.execute_many(
             conn,
-            transition_statement(expected, with_digest),
+            transition_statement(expected, with_digest, held),
             [
                 {
                     "b_id": t.id,
@@ -295,7 +316,7 @@ class CommonStatements:
         return set(result.scalars())
 
     def refusal_reasons(
-        self, conn: Connection, ids: Sequence[int]
+        self, conn: Connection, ids: Sequence[int], held: bool = False
     ) -> dict[int, tuple[OperationStatus, str]]:
         if not ids:
             return {}
@@ -311,7 +332,8 @@ class CommonStatements:
                     ),
                 )
             )
-            .where(ops.c.id.in_(list(ids)), ops.c.status == S.CLAIMED.value)
+            .where(ops.c.id.in_(list(ids)),
+                   ops.c.status == stored_status(S.CLAIMED, held).value)
         ).all()
         reasons: dict[int, tuple[OperationStatus, str]] = {}
         for op_id, cancelled_at, op_deadline, task_deadline, now in rows:

@@ -46,14 +46,32 @@ class Store(Protocol):
         handed out before, on PostgreSQL after a failover too."""
         ...
 
+    held_claims: bool
+    """Whether :meth:`claim` can hold its rows (``held``) for a mark in the same
+    transaction (PostgreSQL)."""
+
     def claim(
-        self, conn: Connection, *, worker: str, limit: int, lease_seconds: float
+        self,
+        conn: Connection,
+        *,
+        worker: str,
+        limit: int,
+        lease_seconds: float,
+        held: bool = False,
     ) -> Claimed:
         """``pending -> claimed`` for up to ``limit`` eligible rows (due, task not
         cancelled, first in line for their ordering key), oldest first, with a lease on
         the database clock, one fresh fencing token for the batch, and their events;
         with the rows' task rows (their versions and budgets), read by the same statement
-        on PostgreSQL. Token 0 and no rows when nothing is eligible."""
+        on PostgreSQL. Token 0 and no rows when nothing is eligible.
+
+        ``held`` (where :attr:`held_claims`; the caller's transaction goes on to mark):
+        the rows are locked, not moved — they stay ``pending`` in storage, held by the
+        transaction's row locks, and are returned as the claim would have left them, their
+        revision as stored; the events are written. The same transaction's
+        :meth:`mark_dispatching` and :meth:`transition_many` with ``held`` move them on,
+        and they set the token. A claim that never commits leaves no trace: the rows are
+        ``pending`` again for any worker, with no lease to wait out."""
         ...
 
     def mark_dispatching(
@@ -64,12 +82,14 @@ class Store(Protocol):
         pairs: Sequence[tuple[int, int]],
         lease_seconds: float,
         actor: str,
+        held: bool = False,
     ) -> list[Dispatching]:
         """``claimed -> dispatching`` ("dispatch may have occurred") for the (id, revision)
         pairs still claimed under ``token``, with their events: counts the attempt, sets
         ``first_dispatched_at`` once, renews the lease. Rows whose own or task deadline has
         passed on the database clock, or whose task was cancelled, are left claimed and
-        absent from the result (:meth:`refusal_reasons` says why)."""
+        absent from the result (:meth:`refusal_reasons` says why). ``held``: the rows of
+        a held claim in this transaction."""
         ...
 
     def transition_many(
@@ -79,9 +99,12 @@ class Store(Protocol):
         token: int,
         expected: OperationStatus,
         items: Sequence[Transition],
+        held: bool = False,
     ) -> set[int]:
         """Move rows on from ``expected``, each fenced on (id, token, revision, status),
-        without events (the caller writes them). Returns the ids moved."""
+        without events (the caller writes them). Returns the ids moved. ``held``: rows of
+        a held claim in this transaction, shown ``expected`` (claimed), stored
+        ``pending``."""
         ...
 
     def record_many(
@@ -105,7 +128,7 @@ class Store(Protocol):
         ...
 
     def refusal_reasons(
-        self, conn: Connection, ids: Sequence[int]
+        self, conn: Connection, ids: Sequence[int], held: bool = False
     ) -> dict[int, tuple[OperationStatus, str]]:
         """Why claimed rows were not marked: ``(cancelled, task_cancelled)`` or
         ``(blocked, deadline_passed)``. Rows absent from the result lost their lease."""

@@ -35,6 +35,7 @@ from dispatcher.store.common import (
     eligible,
     may_dispatch,
     status_literal,
+    stored_status,
     task_limits_of,
 )
 from dispatcher.store.transitions import Claimed, Dispatching, Recorded
@@ -167,22 +168,54 @@ def claim_statement(which: Any) -> Any:
 
 
 @functools.cache
-def mark_statement(where: Any) -> Any:
+def held_claim_statement(which: Any) -> Any:
+    """The claim of a transaction that goes on to mark: the rows ``which`` selects (its
+    LIMIT rendered, ``FOR UPDATE SKIP LOCKED``) stay ``pending`` and locked; one fresh
+    fencing token; their ``pending -> claimed`` events; each row returned as the claim
+    would have left it (claimed under the token, leased to ``actor`` for ``lease``
+    seconds, the database clock as ``updated_at``), its revision as stored, with its task
+    row. Parameters: actor, lease."""
+    token = sa.select(token_expression()).scalar_subquery()
+    shown = {
+        **{name: ops.c[name] for name in OPERATION_FIELDS},
+        **claim_values(token=token, actor=ACTOR, lease=LEASE),
+        "state_revision": ops.c.state_revision,  # stored as read: the mark moves it on
+    }
+    claimed = which.with_only_columns(
+        *(sa.type_coerce(shown[name], ops.c[name].type).label(name)
+          for name in OPERATION_FIELDS)
+    ).cte("claimed")
+    events = _events_of(claimed, "pending", sa.literal_column(f"'{S.CLAIMED.value}'"))
+    task = sa.and_(tasks.c.tenant_id == claimed.c.tenant_id, tasks.c.task_id == claimed.c.task_id)
+    return (
+        sa.select(*raw_operation_columns(claimed, raw_times=False), *TASK_LIMIT_COLUMNS)
+        .select_from(claimed.outerjoin(tasks, task))
+        .add_cte(events)
+    )
+
+
+@functools.cache
+def mark_statement(where: Any, held: bool = False) -> Any:
     """``claimed -> dispatching`` for the (id, rev) pairs of parameter ``marking`` under
-    ``token`` where ``where`` (deadlines, cancellation) holds, with the events. Parameters:
-    marking, token, lease, actor. Returns id, revision, attempts, first and last start."""
+    ``token`` where ``where`` (deadlines, cancellation) holds, with the events; ``held``:
+    rows of a held claim (still ``pending``, locked by this transaction), which take the
+    token and the lease here. Parameters: marking, token, lease, actor. Returns id,
+    revision, attempts, first and last start."""
     v = _rows_of("marking", [("id", sa.BigInteger()), ("rev", sa.BigInteger())])
     returned = DISPATCHING_RETURNS
+    values = dispatching_values(lease=LEASE)
+    if held:
+        values |= {"fencing_token": TOKEN, "lease_owner": ACTOR}
     marked = (
         sa.update(ops)
         .where(
             ops.c.id == v.c.id,
             ops.c.state_revision == v.c.rev,
-            ops.c.fencing_token == TOKEN,
-            ops.c.status == status_literal(S.CLAIMED),
+            ops.c.status == status_literal(stored_status(S.CLAIMED, held)),
+            *(() if held else (ops.c.fencing_token == TOKEN,)),
             where,
         )
-        .values(**dispatching_values(lease=LEASE))
+        .values(**values)
         .returning(
             *returned, ops.c.tenant_id, ops.c.task_id, ops.c.operation_id, ops.c.fencing_token
         )
@@ -302,12 +335,20 @@ class PostgresStore(CommonStatements):
     def take_cluster_lock(self, conn: Connection, key: int) -> bool:
         return bool(conn.execute(sa.select(sa.func.pg_try_advisory_xact_lock(key))).scalar())
 
+    held_claims = True
+
     def claim(
-        self, conn: Connection, *, worker: str, limit: int, lease_seconds: float
+        self,
+        conn: Connection,
+        *,
+        worker: str,
+        limit: int,
+        lease_seconds: float,
+        held: bool = False,
     ) -> Claimed:
-        rows = direct.fetch_all(
-            conn, claim_statement(_eligible(limit)), {"actor": worker, "lease": lease_seconds}
-        )
+        statement = (held_claim_statement(_eligible(limit)) if held
+                     else claim_statement(_eligible(limit)))
+        rows = direct.fetch_all(conn, statement, {"actor": worker, "lease": lease_seconds})
         n = len(OPERATION_FIELDS)
         records = sorted((OperationRecord.from_raw_values(r[:n]) for r in rows),
                          key=lambda r: r.id)
@@ -322,12 +363,13 @@ class PostgresStore(CommonStatements):
         pairs: Sequence[tuple[int, int]],
         lease_seconds: float,
         actor: str,
+        held: bool = False,
     ) -> list[Dispatching]:
         if not pairs:
             return []
         rows = direct.fetch_all(
             conn,
-            mark_statement(may_dispatch()),
+            mark_statement(may_dispatch(), held),
             {
                 "marking": batch_json([{"id": i, "rev": r} for i, r in pairs]),
                 "token": token,

@@ -206,9 +206,19 @@ class SQLiteStore(CommonStatements):
         ((value,),) = direct.fetch_all(conn, fencing_statement(), {})
         return int(value)
 
+    held_claims = False
+
     def claim(
-        self, conn: Connection, *, worker: str, limit: int, lease_seconds: float
+        self,
+        conn: Connection,
+        *,
+        worker: str,
+        limit: int,
+        lease_seconds: float,
+        held: bool = False,
     ) -> Claimed:
+        if held:
+            raise NotImplementedError("SQLite commits its claims (held_claims is False)")
         token = self.fencing_token(conn)
         rows = direct.fetch_all(conn, claim_statement(),
                                 {"limit": limit, "token": token, "actor": worker,
@@ -230,7 +240,10 @@ class SQLiteStore(CommonStatements):
         pairs: Sequence[tuple[int, int]],
         lease_seconds: float,
         actor: str,
+        held: bool = False,
     ) -> list[Dispatching]:
+        if held:
+            raise NotImplementedError("SQLite commits its claims (held_claims is False)")
         if not pairs:
             return []
         rows = direct.fetch_all(

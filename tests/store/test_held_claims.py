@@ -1,0 +1,135 @@
+"""Held claims (PostgreSQL): a claim whose transaction goes on to mark. Its rows stay
+``pending`` and locked until that transaction ends; it shows them as claimed under a fresh
+token; the mark and the refusals of the same transaction move them on and set the token;
+another worker's claim skips them without waiting; a transaction that never commits leaves
+no trace. Real PostgreSQL; no daemon."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+
+from dispatcher.store import journal, store_for
+from dispatcher.store.transitions import Transition
+from outbox import db
+from outbox.records import OperationRecord
+from outbox.states import OperationStatus
+from tests.dispatcher import events_of, operation, stage, transitions
+
+S = OperationStatus
+LEASE = 30.0
+pytestmark = pytest.mark.postgres
+
+
+@pytest.fixture
+def pg(pg_url: str) -> Iterator[Engine]:
+    engine = db.create_engine(pg_url)
+    yield engine
+    engine.dispose()
+
+
+def _claim_elsewhere(engine: Engine) -> list[OperationRecord]:
+    found: list[OperationRecord] = []
+
+    def run() -> None:
+        with engine.begin() as conn:
+            found.extend(store_for("postgresql").claim(
+                conn, worker="b", limit=100, lease_seconds=LEASE).rows)
+
+    other = threading.Thread(target=run)
+    other.start()
+    other.join(timeout=10)
+    assert not other.is_alive(), "the other claim waited for the held rows"
+    return found
+
+
+def test_held_claim_shows_claimed_rows_and_stores_them_pending_and_locked(pg: Engine) -> None:
+    store = store_for("postgresql")
+    ids = stage(pg, 4)
+    before = {i: operation(pg, i)["state_revision"] for i in ids}
+    with pg.begin() as conn:
+        token, rows, task_rows = store.claim(
+            conn, worker="w1", limit=3, lease_seconds=LEASE, held=True)
+        assert [r.operation_id for r in rows] == ids[:3] and token > 0
+        for r in rows:  # shown as the claim leaves them
+            assert (r.status, r.fencing_token, r.lease_owner) == (S.CLAIMED, token, "w1")
+            assert r.lease_expires_at is not None and r.lease_expires_at > r.updated_at
+            assert r.state_revision == before[r.operation_id]  # as stored
+        assert set(task_rows) == {(r.tenant_id, r.task_id) for r in rows}
+        # stored pending, locked: another worker takes only the fourth, without waiting
+        assert [r.operation_id for r in _claim_elsewhere(pg)] == ids[3:]
+        marked = store.mark_dispatching(
+            conn, token=token, pairs=[(r.id, r.state_revision) for r in rows[:2]],
+            lease_seconds=LEASE, actor="w1", held=True)
+        assert {m.id for m in marked} == {r.id for r in rows[:2]}
+        refused = rows[2]
+        moved = store.transition_many(conn, token=token, expected=S.CLAIMED, held=True, items=[
+            Transition(refused.id, refused.state_revision, S.BLOCKED, "approval_missing")])
+        assert moved == {refused.id}
+        journal.write(conn, [journal.event(refused, from_status="claimed", to_status="blocked",
+                                           reason="approval_missing", actor="w1",
+                                           fencing_token=token)])
+    for r, m in zip(rows[:2], marked, strict=True):
+        row = operation(pg, r.operation_id)
+        assert (row["status"], row["fencing_token"], row["lease_owner"]) == (
+            "dispatching", token, "w1")
+        assert row["state_revision"] == m.state_revision == before[r.operation_id] + 1
+        assert row["attempts"] == 1 and row["first_dispatched_at"] is not None
+        assert transitions(pg, r.operation_id) == [
+            ("pending", "claimed"), ("claimed", "dispatching")]
+        assert {e["fencing_token"] for e in events_of(pg, r.operation_id)} == {token}
+    row = operation(pg, refused.operation_id)
+    assert (row["status"], row["status_reason"], row["fencing_token"]) == (
+        "blocked", "approval_missing", token)
+    assert row["lease_owner"] is None and row["lease_expires_at"] is None
+    assert transitions(pg, refused.operation_id) == [("pending", "claimed"), ("claimed", "blocked")]
+
+
+def test_a_held_claim_that_never_commits_leaves_no_trace(pg: Engine) -> None:
+    store = store_for("postgresql")
+    ids = stage(pg, 2)
+    before = {i: operation(pg, i) for i in ids}
+    with pg.connect() as conn:
+        token, rows, _ = store.claim(conn, worker="w1", limit=10, lease_seconds=LEASE, held=True)
+        store.mark_dispatching(conn, token=token, pairs=[(r.id, r.state_revision) for r in rows],
+                               lease_seconds=LEASE, actor="w1", held=True)
+        conn.rollback()  # a crash before the commit
+    assert {i: operation(pg, i) for i in ids} == before
+    assert events_of(pg, ids[0]) == [] and events_of(pg, ids[1]) == []
+    # nothing to wait out: the next claim takes them at once
+    assert [r.operation_id for r in _claim_elsewhere(pg)] == ids
+
+
+def test_held_mark_and_refusals_match_only_rows_still_pending_at_their_revision(
+    pg: Engine,
+) -> None:
+    store = store_for("postgresql")
+    stage(pg, 2)
+    with pg.begin() as conn:
+        token, rows, _ = store.claim(conn, worker="w1", limit=10, lease_seconds=LEASE, held=True)
+        stale = [(r.id, r.state_revision + 1) for r in rows]
+        assert store.mark_dispatching(conn, token=token, pairs=stale, lease_seconds=LEASE,
+                                      actor="w1", held=True) == []
+        assert store.transition_many(conn, token=token, expected=S.CLAIMED, held=True, items=[
+            Transition(r.id, r.state_revision + 1, S.BLOCKED, "x") for r in rows]) == set()
+        conn.execute(sa.text("UPDATE outbox_tasks SET cancelled_at = now()"))
+        assert store.mark_dispatching(  # the task was cancelled: left for refusal_reasons
+            conn, token=token, pairs=[(r.id, r.state_revision) for r in rows],
+            lease_seconds=LEASE, actor="w1", held=True) == []
+        reasons = store.refusal_reasons(conn, [r.id for r in rows], held=True)
+        assert reasons == {r.id: (S.CANCELLED, "task_cancelled") for r in rows}
+
+
+def test_sqlite_refuses_to_hold_a_claim(sqlite_url: str) -> None:
+    store = store_for("sqlite")
+    assert not store.held_claims and store_for("postgresql").held_claims
+    engine = db.create_engine(sqlite_url)
+    try:
+        with engine.begin() as conn, pytest.raises(NotImplementedError):
+            store.claim(conn, worker="w", limit=1, lease_seconds=LEASE, held=True)
+    finally:
+        engine.dispose()
