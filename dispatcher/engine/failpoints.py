@@ -17,9 +17,10 @@ syntax) is armed on top of ``OUTBOXD_FAILPOINTS`` (a point named in both takes t
 action) and the hit counts of the points it names restart (so ``stop@1`` written there
 fires on the next pass). Write it atomically (rename); a missing file arms nothing more.
 
-Points: ``after_claim_commit``, ``after_dispatching_commit``, ``before_write`` (in the
-sending thread, after the last lease and window checks, before the request is written),
-``after_send`` (the
+Points: ``after_claim_commit`` (on PostgreSQL after the held claim's statement, inside
+the transaction that goes on to mark: nothing is committed there),
+``after_dispatching_commit``, ``before_write`` (in the sending thread, after the last
+lease and window checks, before the request is written), ``after_send`` (the
 request was written and answered, nothing recorded yet), ``before_receipt_commit`` (the
 outcomes are decided but not durable: on SQLite the writes are made and not committed;
 on PostgreSQL, where the record is one self-committing statement, it has not run — the

@@ -17,11 +17,12 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext, suppress
 from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
 
+import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from dispatcher.engine import failpoints, leases, outcomes, recording
@@ -31,7 +32,7 @@ from dispatcher.engine.senders import SendThreads
 from dispatcher.engine.settings import WorkerSettings
 from dispatcher.observability import metrics
 from dispatcher.observability.tracing import Tracing
-from dispatcher.store import journal, store_for
+from dispatcher.store import direct, journal, store_for
 from dispatcher.store.transitions import Recorded, Transition
 from outbox.protection.artifacts import ArtifactStore
 from outbox.records import OperationRecord
@@ -40,6 +41,8 @@ from providers.base import Dispatch, Outcome, OutcomeKind, Provider, TransportPh
 
 log = logging.getLogger("outboxd.dispatch")
 RECORD_LINGER_SECONDS = 0.01
+IDLE_IN_TRANSACTION_TIMEOUT = "25P03"
+"""PostgreSQL's SQLSTATE when it ends a session idle in a transaction past its timeout."""
 KEEP_FROM_POOL_SIZE = 2
 """The smallest ``pool_size`` with which the claiming and recording threads keep their
 connections (up to twice ``pool_size`` are open: two kept leave at least two)."""
@@ -99,6 +102,8 @@ class Worker:
         # (only with a pool of two or more: a pool of one, with as many again in overflow,
         # would leave nothing for lease extension, maintenance and the gauges)
         self._keep = self._recorder is not None and _pool_size(engine) >= KEEP_FROM_POOL_SIZE
+        # PostgreSQL: claim, checks and mark in one transaction (_claim_held_and_dispatch)
+        self._held = self.store.held_claims and self._recorder is not None
         self._kept = threading.local()
         self._kept_all: list[Connection] = []
         self._kept_lock = threading.Lock()
@@ -128,6 +133,8 @@ class Worker:
         if free <= 0 or (self._inflight and free < self._batch() // 2):
             return 0
         limit = min(self.s.batch_size, free)
+        if self._held:
+            return self._claim_held_and_dispatch(limit)
         t0 = time.perf_counter()
         sent_at = time.monotonic()
         with self._transaction() as conn:
@@ -152,6 +159,62 @@ class Worker:
             self._pool.submit(self._send, item)
         return len(rows)
 
+    def _claim_held_and_dispatch(self, limit: int) -> int:
+        """PostgreSQL: claim, check and mark in ONE transaction. The claim locks its rows
+        (``FOR UPDATE SKIP LOCKED``) instead of committing them as ``claimed``; the mark
+        (and each refusal) moves them on in the same transaction, whose commit is the
+        ``dispatching`` commit — nothing leaves the process before it. One row update and
+        one commit fewer per batch than a committed claim; a crash before the commit leaves
+        the rows ``pending`` with no lease to wait out. A worker that stalls holding them
+        loses its session after ``lease_seconds`` (the claim sets the transaction's
+        ``idle_in_transaction_session_timeout``), as a committed claim's lease would end."""
+        t0 = time.perf_counter()
+        sent_at = time.monotonic()
+        try:
+            with self._held_transaction() as conn:
+                token, rows, task_rows = self.store.claim(
+                    conn, worker=self.s.worker_id, limit=limit,
+                    lease_seconds=self.s.lease_seconds, held=True,
+                )
+                metrics.CLAIM_DURATION.observe(time.perf_counter() - t0)
+                if not rows:
+                    return 0
+                failpoints.hit("after_claim_commit")  # here: claimed, nothing committed
+                claimed_at = max(r.updated_at for r in rows)  # the database clock, as below
+                sends = self._commit_dispatching(
+                    token, rows, task_rows,
+                    lambda: claimed_at + timedelta(seconds=time.monotonic() - sent_at),
+                    held=conn,
+                )
+        except sa.exc.DBAPIError as exc:
+            if getattr(exc.orig, "sqlstate", None) != IDLE_IN_TRANSACTION_TIMEOUT:
+                raise
+            log.warning("a claim held past its lease was ended by the server; "
+                        "nothing was sent, its rows are pending again",
+                        extra={"worker": self.s.worker_id})
+            return 0
+        failpoints.hit("after_dispatching_commit")
+        for item in sends:
+            self._inflight[item.op.id] = item
+            self._pool.submit(self._send, item)
+        return len(rows)
+
+    @contextmanager
+    def _held_transaction(self) -> Iterator[Connection]:
+        """This thread's connection (:meth:`_own_connection`, autocommit) inside one
+        explicit transaction: committed when the block ends, rolled back (if the
+        connection still can) when it raises."""
+        with self._own_connection() as conn:
+            direct.run(conn, "BEGIN")
+            try:
+                yield conn
+            except BaseException:
+                if not conn.invalidated:
+                    with suppress(Exception):  # the connection is dropped either way
+                        direct.run(conn, "ROLLBACK")
+                raise
+            direct.run(conn, "COMMIT")
+
     def _dispatching_connection(
         self, rows: list[OperationRecord], task_rows: Mapping[tuple[str, str], Mapping[str, Any]]
     ) -> AbstractContextManager[Connection]:
@@ -172,7 +235,10 @@ class Worker:
         rows: list[OperationRecord],
         task_rows: Mapping[tuple[str, str], Mapping[str, Any]],
         db_clock: Callable[[], datetime],
+        held: Connection | None = None,
     ) -> list[InFlight]:
+        """The checks and the ``dispatching`` mark of one claimed batch; ``held``: the
+        transaction of a held claim, which the rows are marked (or refused) in."""
         refused: list[Transition] = []
         details: dict[int, Mapping[str, Any]] = {}
         by_id = {r.id: r for r in rows}
@@ -180,8 +246,10 @@ class Worker:
         # cannot end before this reading + lease_seconds
         lease_until = time.monotonic() + self.s.lease_send_seconds
         moved: set[int] = set()
-        with self._dispatching_connection(rows, task_rows) as conn:
-            atomic = conn.get_execution_options().get("isolation_level") != "AUTOCOMMIT"
+        place = nullcontext(held) if held else self._dispatching_connection(rows, task_rows)
+        with place as conn:
+            atomic = held is not None or (
+                conn.get_execution_options().get("isolation_level") != "AUTOCOMMIT")
             now = db_clock()
             passing: list[OperationRecord] = []
             digests: dict[int, str | None] = {}
@@ -241,10 +309,11 @@ class Worker:
                 pairs=[(op.id, op.state_revision) for op in passing],
                 lease_seconds=self.s.lease_seconds,
                 actor=self.s.worker_id,
+                held=held is not None,
             )
             marked_ids = {m.id for m in marked}
             late = self.store.refusal_reasons(
-                conn, [op.id for op in passing if op.id not in marked_ids]
+                conn, [op.id for op in passing if op.id not in marked_ids], held=held is not None
             )
             for op_id, (late_status, reason) in late.items():
                 op = by_id[op_id]
@@ -256,7 +325,8 @@ class Worker:
                     )
                 )
             if atomic:
-                moved = self._write_refusals(conn, token, refused, by_id, details)
+                moved = self._write_refusals(
+                    conn, token, refused, by_id, details, held=held is not None)
             sends = []
             for m in marked:
                 op = by_id[m.id]
@@ -305,11 +375,13 @@ class Worker:
         refused: list[Transition],
         by_id: Mapping[int, OperationRecord],
         details: Mapping[int, Mapping[str, Any]],
+        *,
+        held: bool = False,
     ) -> set[int]:
         """``claimed ->`` each refused row's status (fenced), with its event. Returns the
         ids moved."""
         moved = self.store.transition_many(
-            conn, token=token, expected=S.CLAIMED, items=refused
+            conn, token=token, expected=S.CLAIMED, items=refused, held=held
         )
         journal.write(
             conn,

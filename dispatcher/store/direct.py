@@ -97,6 +97,13 @@ def fetch_all(
         return list(cursor.fetchall()) if cursor.description is not None else []
 
 
+def run(conn: Connection, sql: str) -> None:
+    """Run the parameterless statement ``sql`` (``BEGIN``, ``COMMIT``) on ``conn``'s
+    driver cursor; errors as :func:`fetch_all` raises them."""
+    with _cursor(conn, sql, None) as cursor:
+        cursor.execute(sql)
+
+
 @dataclass(frozen=True)
 class PreparedMany:
     """A statement for an executemany: its text, and for each parameter in the driver's

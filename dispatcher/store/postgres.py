@@ -187,8 +187,15 @@ def held_claim_statement(which: Any) -> Any:
     ).cte("claimed")
     events = _events_of(claimed, "pending", sa.literal_column(f"'{S.CLAIMED.value}'"))
     task = sa.and_(tasks.c.tenant_id == claimed.c.tenant_id, tasks.c.task_id == claimed.c.task_id)
+    # the transaction's own lease: a worker that stalls holding the rows (stopped, frozen)
+    # loses its session after the lease, and the rows are free again (evaluated once)
+    idle = sa.select(sa.func.set_config(
+        "idle_in_transaction_session_timeout",
+        sa.cast(sa.cast(LEASE * sa.literal_column("1000"), sa.BigInteger()), sa.Text()),
+        sa.true())).scalar_subquery()
     return (
-        sa.select(*raw_operation_columns(claimed, raw_times=False), *TASK_LIMIT_COLUMNS)
+        sa.select(*raw_operation_columns(claimed, raw_times=False), *TASK_LIMIT_COLUMNS,
+                  idle.label("idle_timeout"))
         .select_from(claimed.outerjoin(tasks, task))
         .add_cte(events)
     )
@@ -349,11 +356,11 @@ class PostgresStore(CommonStatements):
         statement = (held_claim_statement(_eligible(limit)) if held
                      else claim_statement(_eligible(limit)))
         rows = direct.fetch_all(conn, statement, {"actor": worker, "lease": lease_seconds})
-        n = len(OPERATION_FIELDS)
+        n, k = len(OPERATION_FIELDS), len(TASK_LIMIT_COLUMNS)
         records = sorted((OperationRecord.from_raw_values(r[:n]) for r in rows),
                          key=lambda r: r.id)
         token = int(records[0].fencing_token or 0) if records else 0
-        return Claimed(token, records, task_limits_of([r[n:] for r in rows]))
+        return Claimed(token, records, task_limits_of([r[n:n + k] for r in rows]))
 
     def mark_dispatching(
         self,

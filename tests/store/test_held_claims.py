@@ -19,6 +19,7 @@ from outbox import db
 from outbox.records import OperationRecord
 from outbox.states import OperationStatus
 from tests.dispatcher import events_of, operation, stage, transitions
+from tests.support.daemon import wait_until
 
 S = OperationStatus
 LEASE = 30.0
@@ -133,3 +134,20 @@ def test_sqlite_refuses_to_hold_a_claim(sqlite_url: str) -> None:
             store.claim(conn, worker="w", limit=1, lease_seconds=LEASE, held=True)
     finally:
         engine.dispose()
+
+
+def test_a_held_claim_ends_with_its_lease_when_the_worker_stalls(pg: Engine) -> None:
+    """The claim sets the transaction's ``idle_in_transaction_session_timeout`` to the
+    lease: a worker stopped while holding rows loses its session, and the rows are free."""
+    store = store_for("postgresql")
+    ids = stage(pg, 2)
+    with pg.connect() as conn:
+        _, rows, _ = store.claim(conn, worker="w1", limit=10, lease_seconds=0.5, held=True)
+        assert len(rows) == 2
+        timeout = conn.execute(sa.text("SHOW idle_in_transaction_session_timeout")).scalar()
+        assert timeout == "500ms"
+        # stalled: another worker takes the rows once the server has ended the session
+        wait_until(lambda: [r.operation_id for r in _claim_elsewhere(pg)] == ids, timeout=10)
+        with pytest.raises(sa.exc.DBAPIError, match="idle-in-transaction timeout"):
+            conn.execute(sa.text("SELECT 1"))
+        conn.invalidate()
