@@ -180,6 +180,7 @@ class Worker:
                 if not rows:
                     return 0
                 failpoints.hit("after_claim_commit")  # here: claimed, nothing committed
+                self.authority.needs_lock(rows, task_rows)  # locks taken here hold anyway
                 claimed_at = max(r.updated_at for r in rows)  # the database clock, as below
                 sends = self._commit_dispatching(
                     token, rows, task_rows,
