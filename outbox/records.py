@@ -64,27 +64,31 @@ class OperationRecord:
         return cls(**data)
 
     @classmethod
-    def from_raw_values(cls, row: Sequence[Any]) -> Self:
+    def from_raw_values(cls, row: Sequence[Any], *, typed: bool = False) -> Self:
         """From a row whose columns are :data:`OPERATION_FIELDS` in order, as
         :func:`raw_operation_columns` selects them (no per-row mapping is built);
         ``payload`` and ``receipt`` arrive as the stored text and are decoded here, one row
         at a time (:mod:`outbox.decoding`): a value that
         cannot be decoded, or a text column whose bytes are not UTF-8, becomes an
-        :class:`~outbox.decoding.Undecodable` ``payload`` instead of failing the batch."""
+        :class:`~outbox.decoding.Undecodable` ``payload`` instead of failing the batch.
+        ``typed``: the driver delivered timestamps as datetimes and text as valid UTF-8
+        (PostgreSQL), so neither is looked at again."""
         values = list(row)
         for at in _JSON_AT:
             values[at] = decoding.decode_json(values[at], OPERATION_FIELDS[at])
         problem: decoding.Undecodable | None = None
-        for at in _TIME_AT:  # SQLite's timestamps arrive as the stored text
-            if isinstance(values[at], str):
-                values[at] = decoding.parse_time(values[at], OPERATION_FIELDS[at])
-            if isinstance(values[at], decoding.Undecodable):
-                problem, values[at] = values[at], None
-        bad_text = next(
-            (n for n, v in zip(OPERATION_FIELDS, values, strict=True)
-             if isinstance(v, decoding.NotUtf8)),
-            None,
-        )
+        bad_text = None
+        if not typed:
+            for at in _TIME_AT:  # SQLite's timestamps arrive as the stored text
+                if isinstance(values[at], str):
+                    values[at] = decoding.parse_time(values[at], OPERATION_FIELDS[at])
+                if isinstance(values[at], decoding.Undecodable):
+                    problem, values[at] = values[at], None
+            bad_text = next(
+                (n for n, v in zip(OPERATION_FIELDS, values, strict=True)
+                 if isinstance(v, decoding.NotUtf8)),
+                None,
+            )
         if bad_text is not None:
             problem = decoding.Undecodable(bad_text, "stored bytes are not valid UTF-8")
         elif isinstance(values[_RECEIPT_AT], decoding.Undecodable):

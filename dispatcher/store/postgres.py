@@ -357,7 +357,7 @@ class PostgresStore(CommonStatements):
                      else claim_statement(_eligible(limit)))
         rows = direct.fetch_all(conn, statement, {"actor": worker, "lease": lease_seconds})
         n, k = len(OPERATION_FIELDS), len(TASK_LIMIT_COLUMNS)
-        records = sorted((OperationRecord.from_raw_values(r[:n]) for r in rows),
+        records = sorted((OperationRecord.from_raw_values(r[:n], typed=True) for r in rows),
                          key=lambda r: r.id)
         token = int(records[0].fencing_token or 0) if records else 0
         return Claimed(token, records, task_limits_of([r[n:n + k] for r in rows]))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 
 import pytest
 from hypothesis import given
@@ -16,6 +17,7 @@ from outbox.decoding import (
     json_depth_over,
     sqlite_text,
 )
+from outbox.records import OPERATION_FIELDS, OperationRecord
 
 
 def _nested(levels: int) -> str:
@@ -70,3 +72,27 @@ def test_anything_python_wrote_decodes_to_itself(value: object) -> None:
         assert "surrogate" in decoded.why
     else:
         assert decoded == value
+
+
+_JSON_TEXT = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=5),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner,
+                                                                  max_size=3),
+    max_leaves=8,
+).map(json.dumps) | st.text(max_size=8)  # and text that is not JSON at all
+
+
+@given(payload=_JSON_TEXT, receipt=st.none() | _JSON_TEXT,
+       when=st.datetimes(timezones=st.just(UTC)), text=st.text(max_size=8))
+def test_a_typed_row_reads_as_the_generic_path_reads_it(
+    payload: str, receipt: str | None, when: datetime, text: str
+) -> None:
+    """PostgreSQL's rows (timestamps typed, text valid UTF-8) skip the SQLite-only checks:
+    the record is the same, an undecodable payload or receipt included."""
+    values: dict[str, object] = dict.fromkeys(OPERATION_FIELDS)
+    values.update(id=1, tenant_id=text, task_id="t", operation_id="o", provider="p",
+                  payload=payload, receipt=receipt, requires_approval=0, status="claimed",
+                  attempts=0, state_revision=0, created_at=when, updated_at=when,
+                  lease_expires_at=when, idempotency_key=text)
+    row = tuple(values[name] for name in OPERATION_FIELDS)
+    assert OperationRecord.from_raw_values(row, typed=True) == OperationRecord.from_raw_values(row)
