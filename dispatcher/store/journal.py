@@ -88,8 +88,14 @@ def bounded(evidence: Mapping[str, Any] | None) -> dict[str, Any] | None:
         text = json.dumps(evidence, sort_keys=True)
         plain = True
     except (TypeError, ValueError):
-        text = json.dumps(evidence, default=str, sort_keys=True)
         plain = False
+        try:
+            text = json.dumps(evidence, default=str, sort_keys=True)
+        except (TypeError, ValueError):  # keys of mixed types do not sort; a cycle
+            try:
+                text = json.dumps(evidence, default=str, skipkeys=True)
+            except (TypeError, ValueError):
+                text = json.dumps({"unencodable": type(evidence).__name__})
     if len(text) > EVIDENCE_LIMIT:
         return {"truncated": True, "prefix": text[:EVIDENCE_LIMIT]}
     if plain and all(isinstance(k, str) for k in evidence):
