@@ -75,24 +75,35 @@ def test_0001_rows_in_every_state_survive_0002_and_dispatch(at_0001: str, tmp_pa
             assert row["payload_purged_at"] is None and row["receipt_purged_at"] is None
             assert {k: v for k, v in row.items() if not k.endswith("_purged_at")} == before[op_id]
 
-        with SimProcess(tmp_path) as sim:
-            result = run_once(write_config(tmp_path, at_0001, {PROVIDER: http_provider(sim)}))
-            assert result.returncode == 0, result.stderr[-3000:]
-            sent = effects(sim)
-        after = operations(engine)
-
-        for op_id in ("pending-1", "pending-2", "claimed"):
-            assert after[op_id]["status"] == "applied", op_id
-            assert sent.get(key_of(op_id)) == 1, op_id
-        assert transitions(engine, "claimed")[0] == ("claimed", "pending")
-        assert transitions(engine, "dispatching")[0] == ("dispatching", "unknown")
-        for op_id in ("dispatching", "unknown"):  # reconciled by the rules, at most one effect
-            assert after[op_id]["status"] in ("unknown", "applied", "pending", "blocked"), op_id
-            # blocked only with a reason (e.g. budget_exhausted: first sent in 2020)
-            assert after[op_id]["status"] != "blocked" or after[op_id]["status_reason"]
-            assert sent.get(key_of(op_id), 0) <= 1, op_id
-        for op_id in (*TERMINAL, "blocked"):  # untouched
-            assert after[op_id] == upgraded[op_id], op_id
-            assert key_of(op_id) not in sent, op_id
+        dispatch_every_state(engine, at_0001, tmp_path, upgraded)
     finally:
         engine.dispose()
+
+
+def dispatch_every_state(
+    engine: Engine, url: str, tmp_path: Path, upgraded: dict[str, dict[str, object]]
+) -> dict[str, dict[str, object]]:
+    """Run ``outboxd run --once`` against the sim on the upgraded database holding
+    :data:`ROWS` (``upgraded``: as they were after the upgrade) and check each was dispatched
+    by the rules: pending ones applied once, the expired claim returned to pending and then
+    applied, the expired dispatch made unknown (never pending) and reconciled with at most
+    one effect, rows at rest untouched. Returns the rows after."""
+    with SimProcess(tmp_path) as sim:
+        result = run_once(write_config(tmp_path, url, {PROVIDER: http_provider(sim)}))
+        assert result.returncode == 0, result.stderr[-3000:]
+        sent = effects(sim)
+    after = operations(engine)
+    for op_id in ("pending-1", "pending-2", "claimed"):
+        assert after[op_id]["status"] == "applied", op_id
+        assert sent.get(key_of(op_id)) == 1, op_id
+    assert transitions(engine, "claimed")[0] == ("claimed", "pending")
+    assert transitions(engine, "dispatching")[0] == ("dispatching", "unknown")
+    for op_id in ("dispatching", "unknown"):  # reconciled by the rules, at most one effect
+        assert after[op_id]["status"] in ("unknown", "applied", "pending", "blocked"), op_id
+        # blocked only with a reason (e.g. budget_exhausted: first sent in 2020)
+        assert after[op_id]["status"] != "blocked" or after[op_id]["status_reason"]
+        assert sent.get(key_of(op_id), 0) <= 1, op_id
+    for op_id in (*TERMINAL, "blocked"):  # untouched
+        assert after[op_id] == upgraded[op_id], op_id
+        assert key_of(op_id) not in sent, op_id
+    return after

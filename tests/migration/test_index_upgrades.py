@@ -18,11 +18,13 @@ from sqlalchemy.engine import Engine
 
 from dispatcher.maintenance import gauges
 from outbox import db, migrate
-from tests.dispatcher import PROVIDER, effects, key_of, transitions
 from tests.migration import database_at
-from tests.migration.test_0002_upgrade import ROWS, TERMINAL, _insert_every_state, operations
-from tests.support.daemon import http_provider, run_once, write_config
-from tests.support.sim import SimProcess
+from tests.migration.test_0002_upgrade import (
+    ROWS,
+    _insert_every_state,
+    dispatch_every_state,
+    operations,
+)
 
 STATUS_INDEX = "ix_outbox_operations_status_updated"
 BRIN_INDEXES = ("ix_outbox_events_created", "ix_outbox_attempts_created")
@@ -80,23 +82,7 @@ def test_rows_in_every_state_survive_the_index_rebuild_and_dispatch(
         plain = Counter(str(r["status"]) for r in before.values())
         assert {s: n for s, n in counted.items() if n} == dict(plain)
 
-        with SimProcess(tmp_path) as sim:
-            result = run_once(write_config(tmp_path, url, {PROVIDER: http_provider(sim)}))
-            assert result.returncode == 0, result.stderr[-3000:]
-            sent = effects(sim)
-        after = operations(engine)
-
-        for op_id in ("pending-1", "pending-2", "claimed"):
-            assert after[op_id]["status"] == "applied", op_id
-            assert sent.get(key_of(op_id)) == 1, op_id
-        assert transitions(engine, "claimed")[0] == ("claimed", "pending")
-        assert transitions(engine, "dispatching")[0] == ("dispatching", "unknown")
-        for op_id in ("dispatching", "unknown"):  # reconciled by the rules, at most one effect
-            assert after[op_id]["status"] in ("unknown", "applied", "pending", "blocked"), op_id
-            assert sent.get(key_of(op_id), 0) <= 1, op_id
-        for op_id in (*TERMINAL, "blocked"):  # untouched
-            assert after[op_id] == before[op_id], op_id
-            assert key_of(op_id) not in sent, op_id
+        after = dispatch_every_state(engine, url, tmp_path, before)
         assert set(after) == set(ROWS)
         assert gauges.refresh(engine)["applied"] == sum(
             1 for r in after.values() if r["status"] == "applied")
