@@ -102,7 +102,7 @@ class Worker:
         # (only with a pool of two or more: a pool of one, with as many again in overflow,
         # would leave nothing for lease extension, maintenance and the gauges)
         self._keep = self._recorder is not None and _pool_size(engine) >= KEEP_FROM_POOL_SIZE
-        # PostgreSQL: claim, checks and mark in one transaction (_claim_held_and_dispatch)
+        # PostgreSQL: claim, checks and mark in one transaction (claim_and_dispatch)
         self._held = self.store.held_claims and self._recorder is not None
         self._kept = threading.local()
         self._kept_all: list[Connection] = []
@@ -128,64 +128,41 @@ class Worker:
         """Claim one batch and send what passes the checks. Returns rows claimed.
 
         Claims only when at least half a batch of send slots is free (or nothing is in
-        flight), so batches stay large: three commits per batch is the protocol's cost."""
+        flight), so batches stay large. On PostgreSQL claim, checks and mark are ONE
+        transaction: the claim locks its rows (``FOR UPDATE SKIP LOCKED``) instead of
+        committing them as ``claimed``, and the mark (and each refusal) moves them on in it,
+        so its commit is the ``dispatching`` commit — nothing leaves the process before it.
+        One row update and one commit fewer per batch than a committed claim (SQLite's);
+        a crash before the commit leaves the rows ``pending`` with no lease to wait out. A
+        worker that stalls holding them loses its session after ``lease_seconds`` (the
+        claim sets the transaction's ``idle_in_transaction_session_timeout``), as a
+        committed claim's lease would end."""
         free = self.free_slots()
         if free <= 0 or (self._inflight and free < self._batch() // 2):
             return 0
         limit = min(self.s.batch_size, free)
-        if self._held:
-            return self._claim_held_and_dispatch(limit)
-        t0 = time.perf_counter()
-        sent_at = time.monotonic()
-        with self._transaction() as conn:
-            token, rows, task_rows = self.store.claim(
-                conn, worker=self.s.worker_id, limit=limit, lease_seconds=self.s.lease_seconds
-            )
-        metrics.CLAIM_DURATION.observe(time.perf_counter() - t0)
-        if not rows:
-            return 0
-        failpoints.hit("after_claim_commit")
-        # the database clock from here on, without a round trip: the claim statement's time
-        # (every claimed row's updated_at) plus the time since the claim was sent, which is
-        # never less than the true database time (a deadline or a window ends no later)
-        claimed_at = max(r.updated_at for r in rows)
-        sends = self._commit_dispatching(
-            token, rows, task_rows,
-            lambda: claimed_at + timedelta(seconds=time.monotonic() - sent_at),
-        )
-        failpoints.hit("after_dispatching_commit")
-        for item in sends:
-            self._inflight[item.op.id] = item
-            self._pool.submit(self._send, item)
-        return len(rows)
-
-    def _claim_held_and_dispatch(self, limit: int) -> int:
-        """PostgreSQL: claim, check and mark in ONE transaction. The claim locks its rows
-        (``FOR UPDATE SKIP LOCKED``) instead of committing them as ``claimed``; the mark
-        (and each refusal) moves them on in the same transaction, whose commit is the
-        ``dispatching`` commit — nothing leaves the process before it. One row update and
-        one commit fewer per batch than a committed claim; a crash before the commit leaves
-        the rows ``pending`` with no lease to wait out. A worker that stalls holding them
-        loses its session after ``lease_seconds`` (the claim sets the transaction's
-        ``idle_in_transaction_session_timeout``), as a committed claim's lease would end."""
         t0 = time.perf_counter()
         sent_at = time.monotonic()
         try:
-            with self._held_transaction() as conn:
-                token, rows, task_rows = self.store.claim(
-                    conn, worker=self.s.worker_id, limit=limit,
-                    lease_seconds=self.s.lease_seconds, held=True,
-                )
+            with self._held_transaction() if self._held else nullcontext() as held:
+                with nullcontext(held) if held is not None else self._transaction() as conn:
+                    token, rows, task_rows = self.store.claim(
+                        conn, worker=self.s.worker_id, limit=limit,
+                        lease_seconds=self.s.lease_seconds, held=held is not None,
+                    )
                 metrics.CLAIM_DURATION.observe(time.perf_counter() - t0)
                 if not rows:
                     return 0
-                failpoints.hit("after_claim_commit")  # here: claimed, nothing committed
-                self.authority.needs_lock(rows, task_rows)  # locks taken here hold anyway
-                claimed_at = max(r.updated_at for r in rows)  # the database clock, as below
+                failpoints.hit("after_claim_commit")  # held: claimed, nothing committed yet
+                # the database clock from here on, without a round trip: the claim
+                # statement's time (every claimed row's updated_at) plus the time since the
+                # claim was sent, never less than the true database time (a deadline or a
+                # window ends no later)
+                claimed_at = max(r.updated_at for r in rows)
                 sends = self._commit_dispatching(
                     token, rows, task_rows,
                     lambda: claimed_at + timedelta(seconds=time.monotonic() - sent_at),
-                    held=conn,
+                    held=held,
                 )
         except sa.exc.DBAPIError as exc:
             if getattr(exc.orig, "sqlstate", None) != IDLE_IN_TRANSACTION_TIMEOUT:
@@ -247,7 +224,10 @@ class Worker:
         # cannot end before this reading + lease_seconds
         lease_until = time.monotonic() + self.s.lease_send_seconds
         moved: set[int] = set()
-        place = nullcontext(held) if held else self._dispatching_connection(rows, task_rows)
+        if held is not None:  # already one transaction: the locks the checks take hold
+            self.authority.needs_lock(rows, task_rows)
+        place = (nullcontext(held) if held is not None
+                 else self._dispatching_connection(rows, task_rows))
         with place as conn:
             atomic = held is not None or (
                 conn.get_execution_options().get("isolation_level") != "AUTOCOMMIT")
