@@ -92,15 +92,24 @@ def fetch_all(
     p = prepared(statement, conn.dialect, _schemas(conn))
     named = {**p.fixed, **params}
     values: Any = named if p.order is None else tuple(named[n] for n in p.order)
-    with _cursor(conn, p.sql, values) as cursor:
+    with _cursor(conn, p.sql, values, keep=True) as cursor:
         cursor.execute(p.sql, values)
-        return list(cursor.fetchall()) if cursor.description is not None else []
+        return list(cursor.fetchall()) if _has_rows(cursor) else []
+
+
+def _has_rows(cursor: Any) -> bool:
+    """Whether the statement ``cursor`` ran returned rows. psycopg answers from its
+    result's status (its ``description`` builds an object per column on every call)."""
+    result = getattr(cursor, "pgresult", _ABSENT)
+    if result is _ABSENT:
+        return cursor.description is not None
+    return result is not None and (result.nfields > 0 or result.status == _TUPLES_OK)
 
 
 def run(conn: Connection, sql: str) -> None:
     """Run the parameterless statement ``sql`` (``BEGIN``, ``COMMIT``) on ``conn``'s
     driver cursor; errors as :func:`fetch_all` raises them."""
-    with _cursor(conn, sql, None) as cursor:
+    with _cursor(conn, sql, None, keep=True) as cursor:
         cursor.execute(sql)
 
 
@@ -169,16 +178,37 @@ def execute_many(
         return int(cursor.rowcount)
 
 
+_ABSENT: Any = object()
+_TUPLES_OK = 2  # libpq's PGRES_TUPLES_OK
+KEPT_CURSORS = "outboxd.direct.cursors"
+
+
 @contextmanager
-def _cursor(conn: Connection, sql: str, params: Any) -> Iterator[Any]:
-    """A cursor of ``conn``'s driver connection; a driver error raised as SQLAlchemy's."""
+def _cursor(conn: Connection, sql: str, params: Any, *, keep: bool = False) -> Iterator[Any]:
+    """A cursor of ``conn``'s driver connection; a driver error raised as SQLAlchemy's.
+
+    ``keep``: the cursor this driver connection keeps for ``sql`` (made on first use,
+    dropped on any error). psycopg sets a cursor up for the statement it last ran — its
+    query converted, a loader per result column — and runs the same statement again on
+    that set-up; a fresh cursor per call made it all again on every batch."""
     raw = conn.connection.dbapi_connection
     assert raw is not None
+    kept: dict[str, Any] | None = (
+        conn.connection.info.setdefault(KEPT_CURSORS, {}) if keep else None)
     try:
-        cursor = raw.cursor()
+        cursor = kept.get(sql) if kept is not None else None
+        if cursor is None or cursor.connection is not raw:
+            cursor = raw.cursor()
+            if kept is not None:
+                kept[sql] = cursor
         try:
             yield cursor
-        finally:
+        except BaseException:
+            if kept is not None:
+                kept.pop(sql, None)
+            cursor.close()
+            raise
+        if kept is None:
             cursor.close()
     except conn.dialect.loaded_dbapi.Error as exc:
         lost = conn.dialect.is_disconnect(exc, raw, None)

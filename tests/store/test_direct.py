@@ -94,3 +94,30 @@ def test_a_statement_that_needs_bind_processing_is_refused(pg: Engine) -> None:
     statement = sa.select(ops.c.id).where(ops.c.id.in_(sa.bindparam("ids", expanding=True)))
     with pg.connect() as conn, pytest.raises(TypeError, match="plain values"):
         direct.fetch_all(conn, statement, {"ids": [1, 2]})
+
+
+def test_each_statement_keeps_its_cursor_and_an_error_drops_it(pg: Engine) -> None:
+    plus = sa.select(sa.bindparam("n", type_=sa.Integer()) + 1)
+    text = sa.select(sa.cast(sa.bindparam("v", type_=sa.Text()), sa.Integer()))
+    # autocommit, as the daemon's kept connections: a failed statement ends nothing else
+    with pg.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        kept = conn.connection.info.setdefault(direct.KEPT_CURSORS, {})
+        for n in range(3):  # alternating statements: each reads its own rows
+            assert direct.fetch_all(conn, plus, {"n": n}) == [(n + 1,)]
+            assert direct.fetch_all(conn, text, {"v": str(n)}) == [(n,)]
+        assert len(kept) == 2
+        first = dict(kept)
+        assert direct.fetch_all(conn, plus, {"n": 9}) == [(10,)]
+        assert kept == first  # the same cursors, not new ones
+        with pytest.raises(sa.exc.DataError):
+            direct.fetch_all(conn, text, {"v": "not a number"})
+        assert set(kept.values()) == {first[next(k for k in first if "+" in k)]}
+        assert direct.fetch_all(conn, text, {"v": "5"}) == [(5,)]  # a fresh cursor
+
+
+def test_a_statement_without_rows_returns_none(pg: Engine) -> None:
+    update = (sa.update(schema.meta).where(schema.meta.c.name == sa.bindparam("k", type_=sa.Text()))
+              .values(value=sa.literal("v")))
+    with pg.connect() as conn, conn.begin():
+        assert direct.fetch_all(conn, update, {"k": "direct:nothing"}) == []
+        assert direct.fetch_all(conn, update, {"k": "direct:nothing"}) == []
