@@ -17,8 +17,8 @@ syntax) is armed on top of ``OUTBOXD_FAILPOINTS`` (a point named in both takes t
 action) and the hit counts of the points it names restart (so ``stop@1`` written there
 fires on the next pass). Write it atomically (rename); a missing file arms nothing more.
 
-Points: ``after_claim_commit`` (on PostgreSQL after the held claim's statement, inside
-the transaction that goes on to mark: nothing is committed there),
+Points: ``after_claim_commit`` (after the held claim's statement, inside the transaction
+that goes on to mark: nothing is committed there),
 ``after_dispatching_commit``, ``before_write`` (in the sending thread, after the last
 lease and window checks, before the request is written), ``after_send`` (the
 request was written and answered, nothing recorded yet), ``before_receipt_commit`` (the

@@ -102,8 +102,8 @@ class Worker:
         # (only with a pool of two or more: a pool of one, with as many again in overflow,
         # would leave nothing for lease extension, maintenance and the gauges)
         self._keep = self._recorder is not None and _pool_size(engine) >= KEEP_FROM_POOL_SIZE
-        # PostgreSQL: claim, checks and mark in one transaction (claim_and_dispatch)
-        self._held = self.store.held_claims and self._recorder is not None
+        # claim, checks and mark in one transaction (claim_and_dispatch)
+        self._held = self.store.held_claims
         self._kept = threading.local()
         self._kept_all: list[Connection] = []
         self._kept_lock = threading.Lock()
@@ -128,15 +128,15 @@ class Worker:
         """Claim one batch and send what passes the checks. Returns rows claimed.
 
         Claims only when at least half a batch of send slots is free (or nothing is in
-        flight), so batches stay large. On PostgreSQL claim, checks and mark are ONE
-        transaction: the claim locks its rows (``FOR UPDATE SKIP LOCKED``) instead of
-        committing them as ``claimed``, and the mark (and each refusal) moves them on in it,
-        so its commit is the ``dispatching`` commit — nothing leaves the process before it.
-        One row update and one commit fewer per batch than a committed claim (SQLite's);
-        a crash before the commit leaves the rows ``pending`` with no lease to wait out. A
-        worker that stalls holding them loses its session after ``lease_seconds`` (the
-        claim sets the transaction's ``idle_in_transaction_session_timeout``), as a
-        committed claim's lease would end."""
+        flight), so batches stay large. Claim, checks and mark are ONE transaction: the
+        claim holds its rows (PostgreSQL: ``FOR UPDATE SKIP LOCKED``; SQLite: the one
+        writer's ``BEGIN IMMEDIATE``) instead of committing them as ``claimed``, and the
+        mark (and each refusal) moves them on in it, so its commit is the ``dispatching``
+        commit — nothing leaves the process before it. One row update and one commit fewer
+        per batch than a committed claim; a crash before the commit leaves the rows
+        ``pending`` with no lease to wait out. On PostgreSQL a worker that stalls holding
+        them loses its session after ``lease_seconds`` (the claim sets the transaction's
+        ``idle_in_transaction_session_timeout``), as a committed claim's lease would end."""
         free = self.free_slots()
         if free <= 0 or (self._inflight and free < self._batch() // 2):
             return 0
@@ -177,8 +177,16 @@ class Worker:
             self._pool.submit(self._send, item)
         return len(rows)
 
+    def _held_transaction(self) -> AbstractContextManager[Connection]:
+        """The transaction a held claim runs in: committed when the block ends, rolled
+        back when it raises. SQLite: one ``BEGIN IMMEDIATE`` transaction (the one writer).
+        PostgreSQL: this thread's kept autocommit connection inside an explicit one."""
+        if self._one_statement is self.engine:
+            return self.engine.begin()
+        return self._explicit_transaction()
+
     @contextmanager
-    def _held_transaction(self) -> Iterator[Connection]:
+    def _explicit_transaction(self) -> Iterator[Connection]:
         """This thread's connection (:meth:`_own_connection`, autocommit) inside one
         explicit transaction: committed when the block ends, rolled back (if the
         connection still can) when it raises."""

@@ -48,7 +48,7 @@ class Store(Protocol):
 
     held_claims: bool
     """Whether :meth:`claim` can hold its rows (``held``) for a mark in the same
-    transaction (PostgreSQL)."""
+    transaction (both stores can)."""
 
     def claim(
         self,
@@ -66,8 +66,9 @@ class Store(Protocol):
         on PostgreSQL. Token 0 and no rows when nothing is eligible.
 
         ``held`` (where :attr:`held_claims`; the caller's transaction goes on to mark):
-        the rows are locked, not moved — they stay ``pending`` in storage, held by the
-        transaction's row locks, and are returned as the claim would have left them, their
+        the rows are held, not moved — they stay ``pending`` in storage, held by the
+        transaction's row locks (PostgreSQL) or its write lock (SQLite's ``BEGIN
+        IMMEDIATE``), and are returned as the claim would have left them, their
         revision as stored; the events are written. The same transaction's
         :meth:`mark_dispatching` and :meth:`transition_many` with ``held`` move them on,
         and they set the token. A claim that never commits leaves no trace: the rows are

@@ -1,5 +1,6 @@
 """The SQLite store: the caller's ``BEGIN IMMEDIATE`` makes the dispatcher the one writer
-(so a claim needs no row locks), fencing tokens come from a counter row in
+(so a claim needs no row locks, and a held claim's rows stay ``pending`` and untouched by
+any other writer until the transaction ends), fencing tokens come from a counter row in
 ``outbox_meta``, and each step's ``outbox_events`` rows are written beside its statement,
 in the same transaction. The contract is :class:`dispatcher.store.interface.Store`."""
 
@@ -27,11 +28,12 @@ from dispatcher.store.common import (
     eligible,
     may_dispatch,
     status_literal,
+    stored_status,
     task_limits_of,
 )
 from dispatcher.store.transitions import Claimed, Dispatching, Recorded
 from outbox import decoding, schema
-from outbox.records import OperationRecord, raw_operation_columns
+from outbox.records import OPERATION_FIELDS, OperationRecord, raw_operation_columns
 from outbox.states import OperationStatus
 
 ops = schema.operations
@@ -102,31 +104,64 @@ def claim_statement() -> Any:
 
 
 @functools.cache
-def mark_statement() -> Any:
+def held_claim_statement() -> Any:
+    """The claim of a transaction that goes on to mark: up to ``limit`` eligible rows,
+    left ``pending`` (the caller's ``BEGIN IMMEDIATE`` keeps every other writer out until
+    it ends), each returned as :func:`claim_statement` would have left it — claimed under
+    ``token``, leased to ``actor`` for ``lease`` seconds, the database clock as
+    ``updated_at`` — its revision as stored (:func:`raw_operation_columns`)."""
+    b = sa.bindparam
+    shown = {
+        **{name: ops.c[name] for name in OPERATION_FIELDS},
+        **claim_values(token=b("token", type_=sa.BigInteger()),
+                       actor=b("actor", type_=sa.Text()), lease=b("lease")),
+        "state_revision": ops.c.state_revision,  # stored as read: the mark moves it on
+    }
+    claimed = (
+        sa.select(*(sa.type_coerce(shown[name], ops.c[name].type).label(name)
+                    for name in OPERATION_FIELDS))
+        .where(ops.c.id.in_(claimable(b("limit", type_=sa.Integer())).scalar_subquery()))
+        .subquery("claimed")
+    )
+    return sa.select(*raw_operation_columns(claimed, raw_times=True))
+
+
+@functools.cache
+def mark_statement(held: bool = False) -> Any:
     """``claimed -> dispatching`` for the ``pairs`` (a JSON array of [id, revision]) still
     claimed under ``token`` that may dispatch, the lease renewed for ``lease`` seconds;
-    returns :data:`DISPATCHING_RETURNS`."""
+    returns :data:`DISPATCHING_RETURNS`. ``held``: rows of a held claim (still
+    ``pending`` in this transaction), which take the token and ``actor``'s lease here."""
     b = sa.bindparam
+    values = dispatching_values(lease=b("lease"))
+    if held:
+        values |= {"fencing_token": b("token", type_=sa.BigInteger()),
+                   "lease_owner": b("actor", type_=sa.Text())}
     return (
         sa.update(ops)
         .where(
             ops.c.id.in_(from_json("pairs", "$[0]")),
             sa.tuple_(ops.c.id, ops.c.state_revision).in_(from_json("pairs", "$[0]", "$[1]")),
-            ops.c.fencing_token == b("token", type_=sa.BigInteger()),
+            *(() if held else (ops.c.fencing_token == b("token", type_=sa.BigInteger()),)),
             # `status || ''`: no index on status for this term, or SQLite's planner, which
             # cannot size the JSON lists, walks every claimed row instead of the batch's ids
-            ops.c.status.concat(sa.literal_column("''")) == status_literal(S.CLAIMED),
+            ops.c.status.concat(sa.literal_column("''"))
+            == status_literal(stored_status(S.CLAIMED, held)),
             may_dispatch(),
         )
-        .values(**dispatching_values(lease=b("lease")))
+        .values(**values)
         .returning(*DISPATCHING_RETURNS)
     )
 
 
 @functools.cache
-def events_statement(from_status: OperationStatus, to_status: OperationStatus) -> Any:
+def events_statement(
+    from_status: OperationStatus, to_status: OperationStatus, token: bool = False
+) -> Any:
     """``from_status -> to_status`` events for the rows whose ids are the JSON array
-    ``ids``, copied from the rows (their token included) in id order, by ``actor``."""
+    ``ids``, copied from the rows (their token included; ``token``: the parameter
+    ``token`` instead, for rows a held claim has not yet written it to) in id order, by
+    ``actor``."""
     columns = ["tenant_id", "task_id", "operation_id", "kind", "from_status", "to_status",
                "actor", "fencing_token"]
     return sa.insert(schema.events).from_select(
@@ -135,7 +170,8 @@ def events_statement(from_status: OperationStatus, to_status: OperationStatus) -
             ops.c.tenant_id, ops.c.task_id, ops.c.operation_id,
             sa.literal_column("'transition'"),
             status_literal(from_status), status_literal(to_status),
-            sa.bindparam("actor", type_=sa.Text()), ops.c.fencing_token,
+            sa.bindparam("actor", type_=sa.Text()),
+            sa.bindparam("token", type_=sa.BigInteger()) if token else ops.c.fencing_token,
         )
         .where(ops.c.id.in_(from_json("ids")))
         .order_by(ops.c.id),
@@ -206,7 +242,7 @@ class SQLiteStore(CommonStatements):
         ((value,),) = direct.fetch_all(conn, fencing_statement(), {})
         return int(value)
 
-    held_claims = False
+    held_claims = True
 
     def claim(
         self,
@@ -217,17 +253,16 @@ class SQLiteStore(CommonStatements):
         lease_seconds: float,
         held: bool = False,
     ) -> Claimed:
-        if held:
-            raise NotImplementedError("SQLite commits its claims (held_claims is False)")
         token = self.fencing_token(conn)
-        rows = direct.fetch_all(conn, claim_statement(),
+        rows = direct.fetch_all(conn, held_claim_statement() if held else claim_statement(),
                                 {"limit": limit, "token": token, "actor": worker,
                                  "lease": float(lease_seconds)})
         records = sorted((OperationRecord.from_raw_values(r) for r in rows), key=lambda r: r.id)
         if not records:
             return Claimed(0, [], {})
-        direct.fetch_all(conn, events_statement(S.PENDING, S.CLAIMED),
-                         {"ids": _json([r.id for r in records]), "actor": worker})
+        direct.fetch_all(conn, events_statement(S.PENDING, S.CLAIMED, token=held),
+                         {"ids": _json([r.id for r in records]), "actor": worker,
+                          **({"token": token} if held else {})})
         pairs = sorted({(r.tenant_id, r.task_id) for r in records})
         found = direct.fetch_all(conn, task_limits_statement(), {"tasks": _json(pairs)})
         return Claimed(token, records, task_limits_of(found))
@@ -242,13 +277,12 @@ class SQLiteStore(CommonStatements):
         actor: str,
         held: bool = False,
     ) -> list[Dispatching]:
-        if held:
-            raise NotImplementedError("SQLite commits its claims (held_claims is False)")
         if not pairs:
             return []
         rows = direct.fetch_all(
-            conn, mark_statement(),
-            {"pairs": _json(pairs), "token": token, "lease": float(lease_seconds)})
+            conn, mark_statement(held),
+            {"pairs": _json(pairs), "token": token, "lease": float(lease_seconds),
+             **({"actor": actor} if held else {})})
         if rows:
             direct.fetch_all(conn, events_statement(S.CLAIMED, S.DISPATCHING),
                              {"ids": _json([r[0] for r in rows]), "actor": actor})

@@ -10,6 +10,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from tests.dispatcher import (
@@ -95,11 +96,17 @@ def _blind_retry_claimed_after_the_window_is_refused_before_sending(
     (op_id,) = stage(engine, 1)
     with SimProcess(tmp_path, *SIM, "--p-drop-after-apply", "1.0") as sim:
         cfg = config(tmp_path, db_url, sim, lease_seconds=10, dedup_retention_seconds=RETENTION)
+        # SQLite: the stopped replica's held claim keeps the file's write lock, and the
+        # outbox's engine begins every transaction IMMEDIATE; a plain reader (WAL) does not
+        reader = sa.create_engine(db_url) if engine.dialect.name == "sqlite" else engine
         with DaemonProcess(cfg, env=failpoints("after_claim_commit=stop@2")) as d:
-            stop_until_window_passed(engine, d, op_id)
-            # SQLite committed the claim; PostgreSQL holds it in the marking transaction
-            held = engine.dialect.name == "postgresql"
-            assert status_of(engine, op_id) == ("pending" if held else "claimed")
+            try:
+                stop_until_window_passed(reader, d, op_id)
+                # the claim is held in the marking transaction: nothing committed yet
+                assert status_of(reader, op_id) == "pending"
+            finally:
+                if reader is not engine:
+                    reader.dispose()
             d.signal(signal.SIGCONT)
             wait_until(all_status(engine, "applied", 1), timeout=20, message="applied")
         assert_once_each(sim, [op_id])

@@ -13,6 +13,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from dispatcher.maintenance.lease_recovery import LeaseRecovery
+from dispatcher.store import store_for
 from outbox import approvals, db, recovery, schema
 from outbox.api import cancel_task
 from outbox.errors import TaskNotFound
@@ -98,9 +99,18 @@ def test_crash_rows_through_the_real_dispatcher(tmp_path: Path, sim: SimProcess)
         cfg = config(tmp_path, url, sim, lease_seconds=1.0)
         before = sim.stats()["requests"]
 
-        # Stop after prepared intent, before dispatch became possible: claimed.
+        # Killed after claiming, before the dispatching commit: the claim was held in that
+        # transaction, so nothing was committed and the row is pending for the next one.
         r = run_once(cfg, env=failpoints("after_claim_commit=kill"))
         assert r.returncode != 0
+        [o] = plan(engine, "task-crash").operations
+        assert (o.evidence.status, o.step) == ("pending", Step.REVALIDATE)
+        assert o.evidence.attempts == 0
+
+        # A committed claim (the store's claim without ``held``) whose worker died: claimed.
+        with engine.begin() as conn:
+            assert store_for("sqlite").claim(
+                conn, worker="gone", limit=1, lease_seconds=1.0).rows
         [o] = plan(engine, "task-crash").operations
         assert (o.evidence.status, o.step) == ("claimed", Step.REVALIDATE)
 

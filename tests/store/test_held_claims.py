@@ -1,8 +1,9 @@
-"""Held claims (PostgreSQL): a claim whose transaction goes on to mark. Its rows stay
-``pending`` and locked until that transaction ends; it shows them as claimed under a fresh
-token; the mark and the refusals of the same transaction move them on and set the token;
-another worker's claim skips them without waiting; a transaction that never commits leaves
-no trace. Real PostgreSQL; no daemon."""
+"""Held claims: a claim whose transaction goes on to mark. Its rows stay ``pending`` until
+that transaction ends; it shows them as claimed under a fresh token; the mark and the
+refusals of the same transaction move them on and set the token; a transaction that never
+commits leaves no trace. On PostgreSQL the rows are locked and another worker's claim
+skips them without waiting; on SQLite the transaction is the one writer. Real databases;
+no daemon."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from sqlalchemy.engine import Engine
 
 from dispatcher.store import journal, store_for
 from dispatcher.store.transitions import Transition
-from outbox import db
+from outbox import db, schema
 from outbox.records import OperationRecord
 from outbox.states import OperationStatus
 from tests.dispatcher import events_of, operation, stage, transitions
@@ -23,7 +24,6 @@ from tests.support.daemon import wait_until
 
 S = OperationStatus
 LEASE = 30.0
-pytestmark = pytest.mark.postgres
 
 
 @pytest.fixture
@@ -38,7 +38,7 @@ def _claim_elsewhere(engine: Engine) -> list[OperationRecord]:
 
     def run() -> None:
         with engine.begin() as conn:
-            found.extend(store_for("postgresql").claim(
+            found.extend(store_for(engine.dialect.name).claim(
                 conn, worker="b", limit=100, lease_seconds=LEASE).rows)
 
     other = threading.Thread(target=run)
@@ -48,8 +48,9 @@ def _claim_elsewhere(engine: Engine) -> list[OperationRecord]:
     return found
 
 
-def test_held_claim_shows_claimed_rows_and_stores_them_pending_and_locked(pg: Engine) -> None:
-    store = store_for("postgresql")
+def test_held_claim_shows_claimed_rows_and_stores_them_pending(engine: Engine) -> None:
+    pg = engine
+    store = store_for(engine.dialect.name)
     ids = stage(pg, 4)
     before = {i: operation(pg, i)["state_revision"] for i in ids}
     with pg.begin() as conn:
@@ -61,8 +62,9 @@ def test_held_claim_shows_claimed_rows_and_stores_them_pending_and_locked(pg: En
             assert r.lease_expires_at is not None and r.lease_expires_at > r.updated_at
             assert r.state_revision == before[r.operation_id]  # as stored
         assert set(task_rows) == {(r.tenant_id, r.task_id) for r in rows}
-        # stored pending, locked: another worker takes only the fourth, without waiting
-        assert [r.operation_id for r in _claim_elsewhere(pg)] == ids[3:]
+        if engine.dialect.name == "postgresql":
+            # stored pending, locked: another worker takes only the fourth, without waiting
+            assert [r.operation_id for r in _claim_elsewhere(pg)] == ids[3:]
         marked = store.mark_dispatching(
             conn, token=token, pairs=[(r.id, r.state_revision) for r in rows[:2]],
             lease_seconds=LEASE, actor="w1", held=True)
@@ -90,11 +92,13 @@ def test_held_claim_shows_claimed_rows_and_stores_them_pending_and_locked(pg: En
     assert transitions(pg, refused.operation_id) == [("pending", "claimed"), ("claimed", "blocked")]
 
 
-def test_a_held_claim_that_never_commits_leaves_no_trace(pg: Engine) -> None:
-    store = store_for("postgresql")
+def test_a_held_claim_that_never_commits_leaves_no_trace(engine: Engine) -> None:
+    pg = engine
+    store = store_for(engine.dialect.name)
     ids = stage(pg, 2)
     before = {i: operation(pg, i) for i in ids}
     with pg.connect() as conn:
+        conn.begin()
         token, rows, _ = store.claim(conn, worker="w1", limit=10, lease_seconds=LEASE, held=True)
         store.mark_dispatching(conn, token=token, pairs=[(r.id, r.state_revision) for r in rows],
                                lease_seconds=LEASE, actor="w1", held=True)
@@ -106,9 +110,10 @@ def test_a_held_claim_that_never_commits_leaves_no_trace(pg: Engine) -> None:
 
 
 def test_held_mark_and_refusals_match_only_rows_still_pending_at_their_revision(
-    pg: Engine,
+    engine: Engine,
 ) -> None:
-    store = store_for("postgresql")
+    pg = engine
+    store = store_for(engine.dialect.name)
     stage(pg, 2)
     with pg.begin() as conn:
         token, rows, _ = store.claim(conn, worker="w1", limit=10, lease_seconds=LEASE, held=True)
@@ -117,7 +122,7 @@ def test_held_mark_and_refusals_match_only_rows_still_pending_at_their_revision(
                                       actor="w1", held=True) == []
         assert store.transition_many(conn, token=token, expected=S.CLAIMED, held=True, items=[
             Transition(r.id, r.state_revision + 1, S.BLOCKED, "x") for r in rows]) == set()
-        conn.execute(sa.text("UPDATE outbox_tasks SET cancelled_at = now()"))
+        conn.execute(sa.update(schema.tasks).values(cancelled_at=sa.func.current_timestamp()))
         assert store.mark_dispatching(  # the task was cancelled: left for refusal_reasons
             conn, token=token, pairs=[(r.id, r.state_revision) for r in rows],
             lease_seconds=LEASE, actor="w1", held=True) == []
@@ -125,17 +130,7 @@ def test_held_mark_and_refusals_match_only_rows_still_pending_at_their_revision(
         assert reasons == {r.id: (S.CANCELLED, "task_cancelled") for r in rows}
 
 
-def test_sqlite_refuses_to_hold_a_claim(sqlite_url: str) -> None:
-    store = store_for("sqlite")
-    assert not store.held_claims and store_for("postgresql").held_claims
-    engine = db.create_engine(sqlite_url)
-    try:
-        with engine.begin() as conn, pytest.raises(NotImplementedError):
-            store.claim(conn, worker="w", limit=1, lease_seconds=LEASE, held=True)
-    finally:
-        engine.dispose()
-
-
+@pytest.mark.postgres
 def test_a_held_claim_ends_with_its_lease_when_the_worker_stalls(pg: Engine) -> None:
     """The claim sets the transaction's ``idle_in_transaction_session_timeout`` to the
     lease: a worker stopped while holding rows loses its session, and the rows are free."""

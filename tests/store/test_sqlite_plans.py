@@ -18,6 +18,7 @@ from dispatcher.store.sqlite import (
     claim_statement,
     claimable,
     events_statement,
+    held_claim_statement,
     mark_statement,
     task_limits_statement,
 )
@@ -88,8 +89,11 @@ def test_the_record_read_back_finds_its_rows_by_primary_key(lite: Engine) -> Non
 
 @pytest.mark.parametrize(("name", "found_by"), [
     ("claim", "INTEGER PRIMARY KEY"),
+    ("held claim", "INTEGER PRIMARY KEY"),
     ("mark", "INTEGER PRIMARY KEY"),
+    ("held mark", "INTEGER PRIMARY KEY"),
     ("events", "INTEGER PRIMARY KEY"),
+    ("held events", "INTEGER PRIMARY KEY"),
     ("task limits", "(tenant_id=? AND task_id=?)"),
 ])
 def test_the_hot_paths_json_batches_are_looked_up_through_an_index(
@@ -101,8 +105,11 @@ def test_the_hot_paths_json_batches_are_looked_up_through_an_index(
     the status index, every claimed row of every worker)."""
     statement = {
         "claim": claim_statement(),
+        "held claim": held_claim_statement(),
         "mark": mark_statement(),
+        "held mark": mark_statement(held=True),
         "events": events_statement(S.PENDING, S.CLAIMED),
+        "held events": events_statement(S.PENDING, S.CLAIMED, token=True),
         "task limits": task_limits_statement(),
     }[name]
     sql = str(statement.compile(dialect=lite.dialect))
