@@ -17,7 +17,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import AbstractContextManager, contextmanager, nullcontext, suppress
+from contextlib import AbstractContextManager, contextmanager, suppress
 from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
@@ -102,8 +102,6 @@ class Worker:
         # (only with a pool of two or more: a pool of one, with as many again in overflow,
         # would leave nothing for lease extension, maintenance and the gauges)
         self._keep = self._recorder is not None and _pool_size(engine) >= KEEP_FROM_POOL_SIZE
-        # claim, checks and mark in one transaction (claim_and_dispatch)
-        self._held = self.store.held_claims
         self._kept = threading.local()
         self._kept_all: list[Connection] = []
         self._kept_lock = threading.Lock()
@@ -144,12 +142,11 @@ class Worker:
         t0 = time.perf_counter()
         sent_at = time.monotonic()
         try:
-            with self._held_transaction() if self._held else nullcontext() as held:
-                with nullcontext(held) if held is not None else self._transaction() as conn:
-                    token, rows, task_rows = self.store.claim(
-                        conn, worker=self.s.worker_id, limit=limit,
-                        lease_seconds=self.s.lease_seconds, held=held is not None,
-                    )
+            with self._held_transaction() as conn:
+                token, rows, task_rows = self.store.claim(
+                    conn, worker=self.s.worker_id, limit=limit,
+                    lease_seconds=self.s.lease_seconds, held=True,
+                )
                 metrics.CLAIM_DURATION.observe(time.perf_counter() - t0)
                 if not rows:
                     return 0
@@ -162,7 +159,7 @@ class Worker:
                 sends = self._commit_dispatching(
                     token, rows, task_rows,
                     lambda: claimed_at + timedelta(seconds=time.monotonic() - sent_at),
-                    held=held,
+                    conn,
                 )
         except sa.exc.DBAPIError as exc:
             if getattr(exc.orig, "sqlstate", None) != IDLE_IN_TRANSACTION_TIMEOUT:
@@ -201,145 +198,121 @@ class Worker:
                 raise
             direct.run(conn, "COMMIT")
 
-    def _dispatching_connection(
-        self, rows: list[OperationRecord], task_rows: Mapping[tuple[str, str], Mapping[str, Any]]
-    ) -> AbstractContextManager[Connection]:
-        """Where the dispatching step runs. One transaction where the checks take locks that
-        must hold until the mark commits (an approval to consume, a task budget to count)
-        and on SQLite (one writer); otherwise, on PostgreSQL, each statement on its own
-        (autocommit): the reads and the mark — a single statement with its events — then
-        cost no BEGIN and COMMIT round trips. Asked on SQLite too: where nothing locks, the
-        checks use the task rows the claim read instead of reading them again."""
-        locking = self.authority.needs_lock(rows, task_rows)
-        if locking or self._one_statement is self.engine:
-            return self.engine.begin()
-        return self._own_connection()
-
     def _commit_dispatching(
         self,
         token: int,
         rows: list[OperationRecord],
         task_rows: Mapping[tuple[str, str], Mapping[str, Any]],
         db_clock: Callable[[], datetime],
-        held: Connection | None = None,
+        conn: Connection,
     ) -> list[InFlight]:
-        """The checks and the ``dispatching`` mark of one claimed batch; ``held``: the
-        transaction of a held claim, which the rows are marked (or refused) in."""
+        """The checks and the ``dispatching`` mark of one claimed batch, in ``conn``: the
+        transaction of its held claim, which the rows are marked (or refused) in."""
         refused: list[Transition] = []
         details: dict[int, Mapping[str, Any]] = {}
         by_id = {r.id: r for r in rows}
         # read before the statement that sets the lease: the lease on the database clock
         # cannot end before this reading + lease_seconds
         lease_until = time.monotonic() + self.s.lease_send_seconds
-        moved: set[int] = set()
-        if held is not None:  # already one transaction: the locks the checks take hold
-            self.authority.needs_lock(rows, task_rows)
-        place = (nullcontext(held) if held is not None
-                 else self._dispatching_connection(rows, task_rows))
-        with place as conn:
-            atomic = held is not None or (
-                conn.get_execution_options().get("isolation_level") != "AUTOCOMMIT")
-            now = db_clock()
-            passing: list[OperationRecord] = []
-            digests: dict[int, str | None] = {}
-            payloads: dict[int, Mapping[str, Any] | None] = {}
-            scans = scan_stored(rows)
-            for op in rows:
-                v = pre_dispatch(
+        # one transaction with the claim: the locks the checks take hold until the mark
+        # commits; where nothing locks, the checks use the task rows the claim read
+        self.authority.needs_lock(rows, task_rows)
+        now = db_clock()
+        passing: list[OperationRecord] = []
+        digests: dict[int, str | None] = {}
+        payloads: dict[int, Mapping[str, Any] | None] = {}
+        scans = scan_stored(rows)
+        for op in rows:
+            v = pre_dispatch(
+                op,
+                providers=self.providers,
+                margin=self.s.dedup_safety_margin,
+                max_payload_bytes=self.s.max_payload_bytes,
+                now=now,
+                artifacts=self.artifacts,
+                protection=self.s.protection,
+                scanned=scans.get(op.id),
+            )
+            digests[op.id] = v.digest
+            payloads[op.id] = v.payload
+            if v.status is None:
+                passing.append(op)
+                continue
+            if v.detail:
+                details[op.id] = {"detail": v.detail}
+            refused.append(
+                Transition(
+                    op.id, op.state_revision, v.status, v.reason, payload_digest=v.digest
+                )
+            )
+            if v.dedup_refused:
+                metrics.DEDUP_WINDOW_REFUSALS.labels(op.provider).inc()
+        as_sent = [
+            # what is sent: a resolved artifact, or an opened envelope
+            replace(op, payload=p) if (p := payloads[op.id]) is not op.payload else op
+            for op in passing
+        ]
+        for op_id, reason in self.authority.check(conn, as_sent, now).items():
+            op = by_id[op_id]
+            # an earlier attempt may have landed: reconcile it rather than block it
+            status = S.UNKNOWN if outcomes.blind(op.last_outcome) else S.BLOCKED
+            detail = getattr(reason, "detail", None)
+            if detail:
+                details[op.id] = detail
+            refused.append(
+                Transition(
+                    op.id,
+                    op.state_revision,
+                    status,
+                    str(reason),
+                    payload_digest=digests.get(op.id),
+                )
+            )
+        blocked_ids = {t.id for t in refused}
+        passing = [op for op in passing if op.id not in blocked_ids]
+        marked = self.store.mark_dispatching(
+            conn,
+            token=token,
+            pairs=[(op.id, op.state_revision) for op in passing],
+            lease_seconds=self.s.lease_seconds,
+            actor=self.s.worker_id,
+            held=True,
+        )
+        marked_ids = {m.id for m in marked}
+        late = self.store.refusal_reasons(
+            conn, [op.id for op in passing if op.id not in marked_ids], held=True
+        )
+        for op_id, (late_status, reason) in late.items():
+            op = by_id[op_id]
+            # an earlier attempt may have landed: reconcile it before anything else
+            blind = late_status == S.BLOCKED and outcomes.blind(op.last_outcome)
+            refused.append(
+                Transition(
+                    op.id, op.state_revision, S.UNKNOWN if blind else late_status, reason
+                )
+            )
+        moved = self._write_refusals(conn, token, refused, by_id, details)
+        sends = []
+        for m in marked:
+            op = by_id[m.id]
+            sends.append(
+                InFlight(
                     op,
-                    providers=self.providers,
-                    margin=self.s.dedup_safety_margin,
-                    max_payload_bytes=self.s.max_payload_bytes,
-                    now=now,
-                    artifacts=self.artifacts,
-                    protection=self.s.protection,
-                    scanned=scans.get(op.id),
+                    token,
+                    m.state_revision,
+                    m.attempts,
+                    m.first_dispatched_at,
+                    m.last_attempt_started_at,
+                    digests.get(op.id),
+                    payload=payloads.get(op.id),
+                    send_by=recording.send_deadline(
+                        self.providers[op.provider].capabilities, self.s, op,
+                        m.first_dispatched_at, m.last_attempt_started_at,
+                    ),
+                    lease_until=lease_until,
                 )
-                digests[op.id] = v.digest
-                payloads[op.id] = v.payload
-                if v.status is None:
-                    passing.append(op)
-                    continue
-                if v.detail:
-                    details[op.id] = {"detail": v.detail}
-                refused.append(
-                    Transition(
-                        op.id, op.state_revision, v.status, v.reason, payload_digest=v.digest
-                    )
-                )
-                if v.dedup_refused:
-                    metrics.DEDUP_WINDOW_REFUSALS.labels(op.provider).inc()
-            as_sent = [
-                # what is sent: a resolved artifact, or an opened envelope
-                replace(op, payload=p) if (p := payloads[op.id]) is not op.payload else op
-                for op in passing
-            ]
-            for op_id, reason in self.authority.check(conn, as_sent, now).items():
-                op = by_id[op_id]
-                # an earlier attempt may have landed: reconcile it rather than block it
-                status = S.UNKNOWN if outcomes.blind(op.last_outcome) else S.BLOCKED
-                detail = getattr(reason, "detail", None)
-                if detail:
-                    details[op.id] = detail
-                refused.append(
-                    Transition(
-                        op.id,
-                        op.state_revision,
-                        status,
-                        str(reason),
-                        payload_digest=digests.get(op.id),
-                    )
-                )
-            blocked_ids = {t.id for t in refused}
-            passing = [op for op in passing if op.id not in blocked_ids]
-            marked = self.store.mark_dispatching(
-                conn,
-                token=token,
-                pairs=[(op.id, op.state_revision) for op in passing],
-                lease_seconds=self.s.lease_seconds,
-                actor=self.s.worker_id,
-                held=held is not None,
             )
-            marked_ids = {m.id for m in marked}
-            late = self.store.refusal_reasons(
-                conn, [op.id for op in passing if op.id not in marked_ids], held=held is not None
-            )
-            for op_id, (late_status, reason) in late.items():
-                op = by_id[op_id]
-                # an earlier attempt may have landed: reconcile it before anything else
-                blind = late_status == S.BLOCKED and outcomes.blind(op.last_outcome)
-                refused.append(
-                    Transition(
-                        op.id, op.state_revision, S.UNKNOWN if blind else late_status, reason
-                    )
-                )
-            if atomic:
-                moved = self._write_refusals(
-                    conn, token, refused, by_id, details, held=held is not None)
-            sends = []
-            for m in marked:
-                op = by_id[m.id]
-                sends.append(
-                    InFlight(
-                        op,
-                        token,
-                        m.state_revision,
-                        m.attempts,
-                        m.first_dispatched_at,
-                        m.last_attempt_started_at,
-                        digests.get(op.id),
-                        payload=payloads.get(op.id),
-                        send_by=recording.send_deadline(
-                            self.providers[op.provider].capabilities, self.s, op,
-                            m.first_dispatched_at, m.last_attempt_started_at,
-                        ),
-                        lease_until=lease_until,
-                    )
-                )
-            self.authority.consume(conn, [by_id[m.id] for m in marked], token)
-        if not atomic and refused:  # each move with its event, in a transaction of its own
-            with self.engine.begin() as conn:
-                moved = self._write_refusals(conn, token, refused, by_id, details)
+        self.authority.consume(conn, [by_id[m.id] for m in marked], token)
         lost = len(rows) - len(marked) - len(moved)
         if lost:
             metrics.FENCING_REJECTIONS.inc(lost)
@@ -364,13 +337,11 @@ class Worker:
         refused: list[Transition],
         by_id: Mapping[int, OperationRecord],
         details: Mapping[int, Mapping[str, Any]],
-        *,
-        held: bool = False,
     ) -> set[int]:
-        """``claimed ->`` each refused row's status (fenced), with its event. Returns the
-        ids moved."""
+        """``claimed ->`` each refused row's status (fenced on the held claim's
+        transaction), with its event. Returns the ids moved."""
         moved = self.store.transition_many(
-            conn, token=token, expected=S.CLAIMED, items=refused, held=held
+            conn, token=token, expected=S.CLAIMED, items=refused, held=True
         )
         journal.write(
             conn,

@@ -46,10 +46,6 @@ class Store(Protocol):
         handed out before, on PostgreSQL after a failover too."""
         ...
 
-    held_claims: bool
-    """Whether :meth:`claim` can hold its rows (``held``) for a mark in the same
-    transaction (both stores can)."""
-
     def claim(
         self,
         conn: Connection,
@@ -65,7 +61,7 @@ class Store(Protocol):
         with the rows' task rows (their versions and budgets), read by the same statement
         on PostgreSQL. Token 0 and no rows when nothing is eligible.
 
-        ``held`` (where :attr:`held_claims`; the caller's transaction goes on to mark):
+        ``held`` (the caller's transaction goes on to mark; the dispatcher's claim):
         the rows are held, not moved — they stay ``pending`` in storage, held by the
         transaction's row locks (PostgreSQL) or its write lock (SQLite's ``BEGIN
         IMMEDIATE``), and are returned as the claim would have left them, their

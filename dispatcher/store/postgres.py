@@ -342,8 +342,6 @@ class PostgresStore(CommonStatements):
     def take_cluster_lock(self, conn: Connection, key: int) -> bool:
         return bool(conn.execute(sa.select(sa.func.pg_try_advisory_xact_lock(key))).scalar())
 
-    held_claims = True
-
     def claim(
         self,
         conn: Connection,

@@ -242,8 +242,6 @@ class SQLiteStore(CommonStatements):
         ((value,),) = direct.fetch_all(conn, fencing_statement(), {})
         return int(value)
 
-    held_claims = True
-
     def claim(
         self,
         conn: Connection,
