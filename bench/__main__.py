@@ -286,6 +286,7 @@ def main(argv: list[str] | None = None) -> int:
         with h.scratch_database() as dsn:
             d.prepare(dsn)
             d.fill(dsn, size)
+            d.settle(dsn)
             lat = d.claim_latency_ms(dsn)
             peak: list[float] = []
             rate = d.drain_for(dsn, 3 if args.quick else 10, batch=100, rss=peak)

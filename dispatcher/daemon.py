@@ -274,8 +274,9 @@ class Daemon:
             ("lease recovery", self.recovery.run_once, d.recovery_interval_seconds),
             ("reconciliation", self._reconcile_and_kick, d.reconcile_interval_seconds),
             ("verification", self.verifier.run_once, d.reconcile_interval_seconds),
-            ("gauges", self.gauges, m.gauge_refresh_seconds),
         ]
+        if m.enabled:  # the gauges' queries serve only the exporter
+            jobs.append(("gauges", self.gauges, m.gauge_refresh_seconds))
         if self.engine.dialect.name == "postgresql":
             jobs.append(("replication check", partial(self._check_replication, starting=False),
                          m.gauge_refresh_seconds))

@@ -25,6 +25,9 @@ def test_harness_workloads_run(
         assert result["rows_per_s"] > 0
         assert "cpu_us_per_row" in result  # NaN when the drain ends before a second poll
         assert daemon_runs.claim_latency_ms(dsn, samples=3) > 0
+        daemon_runs.fill(dsn, 300, start=300)  # the backlog section: settled, then timed
+        daemon_runs.settle(dsn)
+        assert daemon_runs.drain_for(dsn, 3, batch=100) > 0
     p50, p99, rate = latency.checkpoint_cost(f"sqlite:///{tmp_path}/cp.db", 20)
     assert 0 < p50 <= p99 and rate > 0
     table = harness.table([harness.Figure("x", "rows/s", [1.0, 2.0])], [("r", 0.5, ">= 1")])

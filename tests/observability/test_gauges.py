@@ -91,6 +91,30 @@ def test_gauges_are_read_from_the_database(populated: Engine) -> None:
     assert _value("outbox_operations", status="cancelled") == 2
 
 
+def test_counts_that_grow_are_repeated_by_their_cost(populated: Engine) -> None:
+    """``pending`` and the terminal counts are repeated only after 100 times their last
+    duration; the live counts (leased, unknown, blocked) are read on every refresh."""
+    ticks = [0.0]
+
+    def clock() -> float:  # every reading 10 ms later: each count "costs" 10 ms
+        ticks[0] += 0.01
+        return ticks[0]
+
+    refresher = gauges.GaugeRefresher(populated, clock=clock)
+    first = refresher()
+    assert (first["pending"], first["unknown"], first["applied"]) == (3, 1, 3)
+    with populated.begin() as conn:
+        conn.execute(ops.update().where(ops.c.status == "unknown").values(status="pending"))
+    second = refresher()  # 1 s not passed: the pending series keeps its value
+    assert "pending" not in second and "applied" not in second
+    assert second["unknown"] == 0 and _value("outbox_unknown_operations") == 0
+    assert _value("outbox_operations", status="pending") == 3
+    ticks[0] += 1.0
+    third = refresher()
+    assert (third["pending"], third["applied"]) == (4, 3)
+    assert _value("outbox_operations", status="pending") == 4
+
+
 def test_status_table_and_json(populated: Engine, db_url: str, tmp_path: Path) -> None:
     with populated.connect() as conn:
         report = status.collect_from(conn)
