@@ -283,15 +283,10 @@ def main(argv: list[str] | None = None) -> int:
     h.log("7. backlog cost")
     base_rate = None
     for size in backlogs:
-        with h.scratch_database() as dsn:
-            d.prepare(dsn)
-            d.fill(dsn, size)
-            d.settle(dsn)
-            lat = d.claim_latency_ms(dsn)
-            peak: list[float] = []
-            rate = d.drain_for(dsn, 3 if args.quick else 10, batch=100, rss=peak)
-            if size == backlogs[-1] and not args.quick:
-                (h.REPO / "docs" / "claim-explain.txt").write_text(d.explain_claim(dsn))
+        peak: list[float] = []
+        explain = (h.REPO / "docs" / "claim-explain.txt"
+                   if size == backlogs[-1] and not args.quick else None)
+        lat, rate = d.backlog(size, 3 if args.quick else 10, rss=peak, explain=explain)
         figs += [
             h.Figure(f"claim latency, {size:,} pending", "ms", [lat]),
             h.Figure(f"throughput, {size:,} pending", "rows/s", [rate]),

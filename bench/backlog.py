@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 
 from bench import daemon_runs as d
-from bench import harness as h
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -31,12 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     rates: dict[int, list[float]] = {size: [] for size in sizes}
     for _ in range(args.pairs):
         for size in sizes:
-            with h.scratch_database() as dsn:
-                d.prepare(dsn)
-                d.fill(dsn, size)
-                d.settle(dsn)
-                latency = d.claim_latency_ms(dsn)
-                rate = d.drain_for(dsn, args.seconds, batch=100)
+            latency, rate = d.backlog(size, args.seconds)
             rates[size].append(rate)
             print(f"{size:>10,} pending: claim {latency:5.2f} ms, {rate:,.0f} rows/s", flush=True)
     base = sum(rates[sizes[0]])

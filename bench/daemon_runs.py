@@ -18,6 +18,7 @@ from bench.harness import (
     log,
     peak_rss_mb,
     sa_url,
+    scratch_database,
     writing_commits,
 )
 from outbox import db, migrate
@@ -206,6 +207,22 @@ def drain_for(
         finally:
             proc.terminate()
             proc.wait(timeout=30)
+
+
+def backlog(size: int, seconds: float, *, rss: list[float] | None = None,
+            explain: Path | None = None) -> tuple[float, float]:
+    """One run of the backlog measure on a fresh scratch database: ``size`` pending rows
+    staged and settled, then (claim latency ms, rows/s of :func:`drain_for` over
+    ``seconds``); the claim's plan written to ``explain`` when given."""
+    with scratch_database() as dsn:
+        prepare(dsn)
+        fill(dsn, size)
+        settle(dsn)
+        latency = claim_latency_ms(dsn)
+        rate = drain_for(dsn, seconds, batch=100, rss=rss)
+        if explain is not None:
+            explain.write_text(explain_claim(dsn))
+    return latency, rate
 
 
 def claim_latency_ms(dsn: str, *, batch: int = 100, samples: int = 20) -> float:
