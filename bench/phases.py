@@ -31,7 +31,8 @@ from bench.harness import REPO, Deadline, scratch_database
 RECORDER = "outboxd-record"
 """The recording thread's name prefix (dispatcher.engine.worker)."""
 PHASES = {  # label: (module, attribute path)
-    "claim statement": ("dispatcher.store.postgres", "PostgresStore.claim"),
+    "claim and mark statement": ("dispatcher.store.postgres", "PostgresStore.claim_and_mark"),
+    "claim statement (two steps)": ("dispatcher.store.postgres", "PostgresStore.claim"),
     "dispatching transaction": ("dispatcher.engine.worker", "Worker._commit_dispatching"),
     "record transaction": ("dispatcher.engine.worker", "Worker._record"),
 }

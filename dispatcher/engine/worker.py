@@ -33,7 +33,7 @@ from dispatcher.engine.settings import WorkerSettings
 from dispatcher.observability import metrics
 from dispatcher.observability.tracing import Tracing
 from dispatcher.store import direct, journal, store_for
-from dispatcher.store.transitions import Recorded, Transition
+from dispatcher.store.transitions import Dispatching, Recorded, Transition
 from outbox.protection.artifacts import ArtifactStore
 from outbox.records import OperationRecord
 from outbox.states import OperationStatus
@@ -41,6 +41,11 @@ from providers.base import Dispatch, Outcome, OutcomeKind, Provider, TransportPh
 
 log = logging.getLogger("outboxd.dispatch")
 RECORD_LINGER_SECONDS = 0.01
+
+
+class _TwoSteps(Exception):
+    """A batch claimed and marked in one statement holds a row that is refused: its
+    transaction is rolled back, and the batch is taken again in two steps."""
 IDLE_IN_TRANSACTION_TIMEOUT = "25P03"
 """PostgreSQL's SQLSTATE when it ends a session idle in a transaction past its timeout."""
 KEEP_FROM_POOL_SIZE = 2
@@ -139,28 +144,10 @@ class Worker:
         if free <= 0 or (self._inflight and free < self._batch() // 2):
             return 0
         limit = min(self.s.batch_size, free)
-        t0 = time.perf_counter()
-        sent_at = time.monotonic()
         try:
-            with self._held_transaction() as conn:
-                token, rows, task_rows = self.store.claim(
-                    conn, worker=self.s.worker_id, limit=limit,
-                    lease_seconds=self.s.lease_seconds, held=True,
-                )
-                metrics.CLAIM_DURATION.observe(time.perf_counter() - t0)
-                if not rows:
-                    return 0
-                failpoints.hit("after_claim_commit")  # held: claimed, nothing committed yet
-                # the database clock from here on, without a round trip: the claim
-                # statement's time (every claimed row's updated_at) plus the time since the
-                # claim was sent, never less than the true database time (a deadline or a
-                # window ends no later)
-                claimed_at = max(r.updated_at for r in rows)
-                sends = self._commit_dispatching(
-                    token, rows, task_rows,
-                    lambda: claimed_at + timedelta(seconds=time.monotonic() - sent_at),
-                    conn,
-                )
+            taken = self._claim_marked(limit) if self.store.marks_in_claim else None
+            if taken is None:
+                taken = self._claim_then_mark(limit)
         except sa.exc.DBAPIError as exc:
             if getattr(exc.orig, "sqlstate", None) != IDLE_IN_TRANSACTION_TIMEOUT:
                 raise
@@ -168,11 +155,69 @@ class Worker:
                         "nothing was sent, its rows are pending again",
                         extra={"worker": self.s.worker_id})
             return 0
+        claimed, sends = taken
+        if not claimed:
+            return 0
         failpoints.hit("after_dispatching_commit")
         for item in sends:
             self._inflight[item.op.id] = item
             self._pool.submit(self._send, item)
-        return len(rows)
+        return claimed
+
+    def _claim_marked(self, limit: int) -> tuple[int, list[InFlight]] | None:
+        """Claim and mark in one statement (:meth:`Store.claim_and_mark`), then the checks
+        in the same transaction. ``None`` when a row was refused (by the statement or by
+        the checks): the transaction is rolled back — nothing of it stays — and the
+        caller takes the two steps, which refuse it with its reason."""
+        t0 = time.perf_counter()
+        sent_at = time.monotonic()
+        try:
+            with self._held_transaction() as conn:
+                got = self.store.claim_and_mark(
+                    conn, worker=self.s.worker_id, limit=limit,
+                    lease_seconds=self.s.lease_seconds,
+                )
+                metrics.CLAIM_DURATION.observe(time.perf_counter() - t0)
+                if got is None:
+                    raise _TwoSteps
+                (token, rows, task_rows), marks = got
+                if not rows:
+                    return 0, []
+                failpoints.hit("after_claim_commit")  # held: nothing committed yet
+                claimed_at = max(r.updated_at for r in rows)
+                sends = self._commit_dispatching(
+                    token, rows, task_rows,
+                    lambda: claimed_at + timedelta(seconds=time.monotonic() - sent_at),
+                    conn, marks=marks,
+                )
+        except _TwoSteps:
+            return None
+        return len(rows), sends
+
+    def _claim_then_mark(self, limit: int) -> tuple[int, list[InFlight]]:
+        """Claim (held), check, then mark and refuse, in one transaction."""
+        t0 = time.perf_counter()
+        sent_at = time.monotonic()
+        with self._held_transaction() as conn:
+            token, rows, task_rows = self.store.claim(
+                conn, worker=self.s.worker_id, limit=limit,
+                lease_seconds=self.s.lease_seconds, held=True,
+            )
+            metrics.CLAIM_DURATION.observe(time.perf_counter() - t0)
+            if not rows:
+                return 0, []
+            failpoints.hit("after_claim_commit")  # held: claimed, nothing committed yet
+            # the database clock from here on, without a round trip: the claim
+            # statement's time (every claimed row's updated_at) plus the time since the
+            # claim was sent, never less than the true database time (a deadline or a
+            # window ends no later)
+            claimed_at = max(r.updated_at for r in rows)
+            sends = self._commit_dispatching(
+                token, rows, task_rows,
+                lambda: claimed_at + timedelta(seconds=time.monotonic() - sent_at),
+                conn,
+            )
+        return len(rows), sends
 
     def _held_transaction(self) -> AbstractContextManager[Connection]:
         """The transaction a held claim runs in: committed when the block ends, rolled
@@ -191,6 +236,9 @@ class Worker:
             direct.run(conn, "BEGIN")
             try:
                 yield conn
+            except _TwoSteps:
+                direct.run(conn, "ROLLBACK")  # if this fails, the connection is dropped
+                raise
             except BaseException:
                 if not conn.invalidated:
                     with suppress(Exception):  # the connection is dropped either way
@@ -205,9 +253,13 @@ class Worker:
         task_rows: Mapping[tuple[str, str], Mapping[str, Any]],
         db_clock: Callable[[], datetime],
         conn: Connection,
+        *,
+        marks: list[Dispatching] | None = None,
     ) -> list[InFlight]:
         """The checks and the ``dispatching`` mark of one claimed batch, in ``conn``: the
-        transaction of its held claim, which the rows are marked (or refused) in."""
+        transaction of its held claim, which the rows are marked (or refused) in.
+        ``marks``: the batch is marked already (:meth:`Store.claim_and_mark`); a refusal
+        raises :class:`_TwoSteps`."""
         refused: list[Transition] = []
         details: dict[int, Mapping[str, Any]] = {}
         by_id = {r.id: r for r in rows}
@@ -268,20 +320,26 @@ class Worker:
                     payload_digest=digests.get(op.id),
                 )
             )
-        blocked_ids = {t.id for t in refused}
-        passing = [op for op in passing if op.id not in blocked_ids]
-        marked = self.store.mark_dispatching(
-            conn,
-            token=token,
-            pairs=[(op.id, op.state_revision) for op in passing],
-            lease_seconds=self.s.lease_seconds,
-            actor=self.s.worker_id,
-            held=True,
-        )
-        marked_ids = {m.id for m in marked}
-        late = self.store.refusal_reasons(
-            conn, [op.id for op in passing if op.id not in marked_ids], held=True
-        )
+        if marks is not None:
+            if refused:
+                raise _TwoSteps
+            marked = marks
+            late = {}
+        else:
+            blocked_ids = {t.id for t in refused}
+            passing = [op for op in passing if op.id not in blocked_ids]
+            marked = self.store.mark_dispatching(
+                conn,
+                token=token,
+                pairs=[(op.id, op.state_revision) for op in passing],
+                lease_seconds=self.s.lease_seconds,
+                actor=self.s.worker_id,
+                held=True,
+            )
+            marked_ids = {m.id for m in marked}
+            late = self.store.refusal_reasons(
+                conn, [op.id for op in passing if op.id not in marked_ids], held=True
+            )
         for op_id, (late_status, reason) in late.items():
             op = by_id[op_id]
             # an earlier attempt may have landed: reconcile it before anything else
@@ -530,6 +588,8 @@ class Worker:
                 self._kept_all.append(conn)
         try:
             yield conn
+        except _TwoSteps:
+            raise  # rolled back: the connection stays
         except BaseException:
             self._kept.conn = None
             self._drop(conn)

@@ -71,6 +71,23 @@ class Store(Protocol):
         ``pending`` again for any worker, with no lease to wait out."""
         ...
 
+    marks_in_claim: bool
+    """:meth:`claim_and_mark` moves a batch in one statement (PostgreSQL)."""
+
+    def claim_and_mark(
+        self, conn: Connection, *, worker: str, limit: int, lease_seconds: float
+    ) -> tuple[Claimed, list[Dispatching]] | None:
+        """The held claim (:meth:`claim` with ``held``) and its :meth:`mark_dispatching`
+        as ONE statement, for a batch the caller expects to pass its checks: up to
+        ``limit`` eligible rows move ``pending -> dispatching`` under one fresh token,
+        with both events per row (``pending -> claimed``, ``claimed -> dispatching``).
+        Returns the claim — each row as the held claim shows it (``claimed``, revision,
+        attempts and start times as stored before) — and each row's mark. ``None`` when
+        a row it locked could not be marked (its own or its task's deadline has passed):
+        the caller rolls the transaction back and takes the two steps, which say why. A
+        caller whose checks refuse a row rolls back too: nothing of the statement stays."""
+        ...
+
     def mark_dispatching(
         self,
         conn: Connection,

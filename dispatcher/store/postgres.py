@@ -202,6 +202,61 @@ def held_claim_statement(which: Any) -> Any:
 
 
 @functools.cache
+def claim_mark_statement(which: Any) -> Any:
+    """The held claim and its mark as ONE statement, for a batch every row of which is
+    expected to pass the checks: the rows ``which`` selects (its LIMIT rendered, ``FOR
+    UPDATE SKIP LOCKED``) move ``pending -> dispatching`` where :func:`may_dispatch`
+    holds, under one fresh token, leased to ``actor`` for ``lease`` seconds, with both
+    events per row. Each moved row is returned as the held claim shows it (``claimed``,
+    its revision, attempts and start times as stored before), then its task row, then
+    what the mark returns (:data:`DISPATCHING_RETURNS`), then how many rows were locked
+    (a row locked and not moved — its deadline passed — is the caller's sign to roll
+    back and take the two-step path). Parameters: actor, lease."""
+    token = sa.select(token_expression()).scalar_subquery()
+    claimed = which.with_only_columns(  # locked; as stored before the statement
+        *(ops.c[name].label(f"c_{name}") for name in OPERATION_FIELDS)).cte("claimed")
+    values = dispatching_values(lease=LEASE) | {"fencing_token": token, "lease_owner": ACTOR}
+    kept = {"fencing_token", "lease_owner", "lease_expires_at", "updated_at"}
+    shown = [
+        (sa.literal_column(f"'{S.CLAIMED.value}'") if name == "status"
+         else ops.c[name] if name in kept else claimed.c[f"c_{name}"]).label(name)
+        for name in OPERATION_FIELDS
+    ]
+    marked = (
+        sa.update(ops)
+        .where(ops.c.id == claimed.c.c_id, may_dispatch())
+        .values(**values)
+        .returning(*shown, *(c.label(f"d_{c.name}") for c in DISPATCHING_RETURNS))
+        .cte("marked")
+    )
+    steps = sa.values(sa.column("step", sa.Integer()), sa.column("from_status", sa.Text()),
+                      sa.column("to_status", sa.Text()), name="steps").data(
+        [(1, S.PENDING.value, S.CLAIMED.value), (2, S.CLAIMED.value, S.DISPATCHING.value)])
+    events = sa.insert(schema.events).from_select(
+        ["tenant_id", "task_id", "operation_id", "kind", "from_status", "to_status", "actor",
+         "fencing_token"],
+        sa.select(marked.c.tenant_id, marked.c.task_id, marked.c.operation_id,
+                  sa.literal_column("'transition'"), steps.c.from_status, steps.c.to_status,
+                  ACTOR, marked.c.fencing_token)
+        .select_from(marked.join(steps, sa.true()))
+        .order_by(steps.c.step, marked.c.id),
+    ).cte("ev_claim_mark")
+    task = sa.and_(tasks.c.tenant_id == marked.c.tenant_id, tasks.c.task_id == marked.c.task_id)
+    idle = sa.select(sa.func.set_config(
+        "idle_in_transaction_session_timeout",
+        sa.cast(sa.cast(LEASE * sa.literal_column("1000"), sa.BigInteger()), sa.Text()),
+        sa.true())).scalar_subquery()
+    locked = sa.select(sa.func.count()).select_from(claimed).scalar_subquery()
+    return (
+        sa.select(*raw_operation_columns(marked, raw_times=False), *TASK_LIMIT_COLUMNS,
+                  *(marked.c[f"d_{c.name}"] for c in DISPATCHING_RETURNS),
+                  locked.label("locked"), idle.label("idle_timeout"))
+        .select_from(marked.outerjoin(tasks, task))
+        .add_cte(events)
+    )
+
+
+@functools.cache
 def mark_statement(where: Any, held: bool = False) -> Any:
     """``claimed -> dispatching`` for the (id, rev) pairs of parameter ``marking`` under
     ``token`` where ``where`` (deadlines, cancellation) holds, with the events; ``held``:
@@ -359,6 +414,22 @@ class PostgresStore(CommonStatements):
                          key=lambda r: r.id)
         token = int(records[0].fencing_token or 0) if records else 0
         return Claimed(token, records, task_limits_of([r[n:n + k] for r in rows]))
+
+    marks_in_claim = True
+
+    def claim_and_mark(
+        self, conn: Connection, *, worker: str, limit: int, lease_seconds: float
+    ) -> tuple[Claimed, list[Dispatching]] | None:
+        rows = direct.fetch_all(conn, claim_mark_statement(_eligible(limit)),
+                                {"actor": worker, "lease": lease_seconds})
+        n, k, d = len(OPERATION_FIELDS), len(TASK_LIMIT_COLUMNS), len(DISPATCHING_RETURNS)
+        if rows and len(rows) < rows[0][n + k + d]:
+            return None  # a locked row was not moved (a deadline passed): two steps
+        rows = sorted(rows, key=lambda r: int(r[0]))
+        records = [OperationRecord.from_raw_values(r[:n], typed=True) for r in rows]
+        token = int(records[0].fencing_token or 0) if records else 0
+        marks = [Dispatching(*r[n + k:n + k + d]) for r in rows]
+        return (Claimed(token, records, task_limits_of([r[n:n + k] for r in rows])), marks)
 
     def mark_dispatching(
         self,

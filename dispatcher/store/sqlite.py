@@ -202,6 +202,12 @@ class SQLiteStore(CommonStatements):
     dialect = "sqlite"
     raw_times = True
     skip_locked = False
+    marks_in_claim = False  # the one writer's claim and mark are statements of their own
+
+    def claim_and_mark(
+        self, conn: Connection, *, worker: str, limit: int, lease_seconds: float
+    ) -> tuple[Claimed, list[Dispatching]] | None:
+        return None  # never called (marks_in_claim): the caller takes the two steps
 
     def execute_many(
         self, conn: Connection, statement: Any, rows: Sequence[Mapping[str, Any]]

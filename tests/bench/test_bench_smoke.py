@@ -51,7 +51,8 @@ def test_phase_timing_runs(pg_admin_dsn: str, monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setattr(harness, "ADMIN_DSN", pg_admin_dsn)
     seconds, timed = phases.measure(300, 100)
     assert seconds > 0
-    assert {"claim statement", "dispatching transaction", "record transaction"} <= set(timed)
+    assert {"claim and mark statement", "dispatching transaction", "record transaction"
+            } <= set(timed)
     assert any(label.startswith("SQL WITH claimed") for label in timed)
 
 

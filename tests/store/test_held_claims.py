@@ -146,3 +146,75 @@ def test_a_held_claim_ends_with_its_lease_when_the_worker_stalls(pg: Engine) -> 
         with pytest.raises(sa.exc.DBAPIError, match="idle-in-transaction timeout"):
             conn.execute(sa.text("SELECT 1"))
         conn.invalidate()
+
+
+@pytest.mark.postgres
+def test_claim_and_mark_moves_a_batch_in_one_statement_as_the_two_steps_would(
+    pg: Engine,
+) -> None:
+    """The one-statement path stores what the held claim and its mark store — status,
+    token, lease, revision, attempt, both events in order — and shows each row as the
+    held claim shows it (``claimed``, revision and attempt as stored before), so the
+    checks read the same row either way. Rows another transaction holds are skipped."""
+    store = store_for("postgresql")
+    ids = stage(pg, 4)
+    before = {i: operation(pg, i) for i in ids}
+    with pg.begin() as conn:
+        got = store.claim_and_mark(conn, worker="w1", limit=3, lease_seconds=LEASE)
+        assert got is not None
+        (token, rows, task_rows), marks = got
+        assert [r.operation_id for r in rows] == ids[:3] and token > 0
+        assert set(task_rows) == {(r.tenant_id, r.task_id) for r in rows}
+        for r, m in zip(rows, marks, strict=True):
+            was = before[r.operation_id]
+            assert (r.status, r.fencing_token, r.lease_owner) == (S.CLAIMED, token, "w1")
+            assert r.state_revision == was["state_revision"]
+            assert (r.attempts, r.first_dispatched_at) == (0, None)
+            assert r.lease_expires_at is not None and r.lease_expires_at > r.updated_at
+            assert m.id == r.id and m.state_revision == was["state_revision"] + 1
+            assert m.attempts == 1 and m.first_dispatched_at == m.last_attempt_started_at
+        # locked, not yet committed: another worker takes only the fourth, without waiting
+        assert [r.operation_id for r in _claim_elsewhere(pg)] == ids[3:]
+    for r, m in zip(rows, marks, strict=True):
+        row = operation(pg, r.operation_id)
+        assert (row["status"], row["fencing_token"], row["lease_owner"]) == (
+            "dispatching", token, "w1")
+        assert row["state_revision"] == m.state_revision and row["attempts"] == 1
+        assert row["first_dispatched_at"] == m.first_dispatched_at
+        assert transitions(pg, r.operation_id) == [
+            ("pending", "claimed"), ("claimed", "dispatching")]
+        assert {e["fencing_token"] for e in events_of(pg, r.operation_id)} == {token}
+        assert {e["actor"] for e in events_of(pg, r.operation_id)} == {"w1"}
+    # the batch's events: every claim, then every mark, each in id order (as two steps)
+    batch = [e for e in events_of(pg) if e["operation_id"] in ids[:3]]
+    assert [(e["operation_id"], e["to_status"]) for e in sorted(batch, key=lambda e: e["id"])] \
+        == [(i, "claimed") for i in ids[:3]] + [(i, "dispatching") for i in ids[:3]]
+
+
+@pytest.mark.postgres
+def test_claim_and_mark_says_two_steps_when_a_locked_row_cannot_be_marked(pg: Engine) -> None:
+    """A row whose deadline has passed is locked by the claim but not marked: the
+    statement says so (``None``), and the rollback leaves no trace of the others."""
+    store = store_for("postgresql")
+    ids = stage(pg, 3)
+    with pg.begin() as conn:
+        conn.execute(sa.update(schema.operations)
+                     .where(schema.operations.c.operation_id == ids[1])
+                     .values(deadline_at=sa.func.now() - sa.text("interval '1 second'")))
+    before = {i: operation(pg, i) for i in ids}
+    with pg.connect() as conn:
+        conn.begin()
+        assert store.claim_and_mark(conn, worker="w1", limit=10, lease_seconds=LEASE) is None
+        conn.rollback()
+    assert {i: operation(pg, i) for i in ids} == before
+    assert all(events_of(pg, i) == [] for i in ids)
+
+
+@pytest.mark.postgres
+def test_claim_and_mark_finds_nothing_on_an_empty_table(pg: Engine) -> None:
+    store = store_for("postgresql")
+    with pg.begin() as conn:
+        got = store.claim_and_mark(conn, worker="w1", limit=10, lease_seconds=LEASE)
+    assert got is not None
+    (token, rows, task_rows), marks = got
+    assert (token, rows, task_rows, marks) == (0, [], {}, [])
