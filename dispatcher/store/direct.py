@@ -21,6 +21,7 @@ outage handling (:func:`outbox.db.is_outage`) sees the same exception either way
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -35,11 +36,33 @@ from sqlalchemy.sql.compiler import SQLCompiler
 @dataclass(frozen=True)
 class Prepared:
     """A statement as the driver takes it: its text, the values it always binds, and for
-    a driver that binds by position (SQLite's ``?``) the parameters' names in order."""
+    a driver that binds by position (SQLite's ``?``, psycopg's ``$1`` on a raw cursor)
+    the parameters' names in order."""
 
     sql: str
     fixed: Mapping[str, Any]
     order: tuple[str, ...] | None = None
+    numbered: bool = False
+    """The text's placeholders are PostgreSQL's own (``$1``…), run on psycopg's
+    ``RawCursor``: converted once here. psycopg converts a ``%(name)s`` text on every
+    execution, and caches the conversion only for texts up to 4 KiB — the claim and mark
+    statement is longer — so its Python re-read the whole text on every batch."""
+
+
+_PLACEHOLDER = re.compile(r"%\(([^)]+)\)s|%%")
+
+
+def numbered(sql: str) -> tuple[str, tuple[str, ...]]:
+    """A ``pyformat`` text (``%(name)s``, ``%%``) with PostgreSQL's ``$n`` placeholders
+    instead, one number per name however often it is used; the names in number order."""
+    names: dict[str, int] = {}
+
+    def place(m: re.Match[str]) -> str:
+        if m.group(1) is None:
+            return "%"
+        return f"${names.setdefault(m.group(1), len(names) + 1)}"
+
+    return _PLACEHOLDER.sub(place, sql), tuple(names)
 
 
 def _compile(
@@ -74,9 +97,12 @@ def prepared(
     compiled, required, binds = _compile(statement, dialect, schemas, refusal)
     if getattr(compiled, "_bind_processors", None):
         raise TypeError(refusal)
+    fixed = {k: v for k, v in binds.items() if k not in required}
+    if dialect.driver == "psycopg" and not compiled.positional:
+        sql, names = numbered(str(compiled))
+        return Prepared(sql, fixed, names, numbered=True)
     order = tuple(compiled.positiontup or ()) if compiled.positional else None
-    return Prepared(
-        str(compiled), {k: v for k, v in binds.items() if k not in required}, order)
+    return Prepared(str(compiled), fixed, order)
 
 
 def _schemas(conn: Connection) -> tuple[tuple[str | None, str], ...]:
@@ -92,7 +118,7 @@ def fetch_all(
     p = prepared(statement, conn.dialect, _schemas(conn))
     named = {**p.fixed, **params}
     values: Any = named if p.order is None else tuple(named[n] for n in p.order)
-    with _cursor(conn, p.sql, values, keep=True) as cursor:
+    with _cursor(conn, p.sql, values, keep=True, raw_query=p.numbered) as cursor:
         cursor.execute(p.sql, values)
         return list(cursor.fetchall()) if _has_rows(cursor) else []
 
@@ -184,13 +210,16 @@ KEPT_CURSORS = "outboxd.direct.cursors"
 
 
 @contextmanager
-def _cursor(conn: Connection, sql: str, params: Any, *, keep: bool = False) -> Iterator[Any]:
+def _cursor(
+    conn: Connection, sql: str, params: Any, *, keep: bool = False, raw_query: bool = False
+) -> Iterator[Any]:
     """A cursor of ``conn``'s driver connection; a driver error raised as SQLAlchemy's.
 
     ``keep``: the cursor this driver connection keeps for ``sql`` (made on first use,
     dropped on any error). psycopg sets a cursor up for the statement it last ran — its
     query converted, a loader per result column — and runs the same statement again on
-    that set-up; a fresh cursor per call made it all again on every batch."""
+    that set-up; a fresh cursor per call made it all again on every batch. ``raw_query``:
+    psycopg's ``RawCursor``, for a text with ``$n`` placeholders (:attr:`Prepared.numbered`)."""
     raw = conn.connection.dbapi_connection
     assert raw is not None
     kept: dict[str, Any] | None = (
@@ -198,7 +227,12 @@ def _cursor(conn: Connection, sql: str, params: Any, *, keep: bool = False) -> I
     try:
         cursor = kept.get(sql) if kept is not None else None
         if cursor is None or cursor.connection is not raw:
-            cursor = raw.cursor()
+            if raw_query:
+                from psycopg import RawCursor
+
+                cursor = RawCursor(raw)  # type: ignore[call-overload]
+            else:
+                cursor = raw.cursor()
             if kept is not None:
                 kept[sql] = cursor
         try:

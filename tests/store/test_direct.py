@@ -121,3 +121,18 @@ def test_a_statement_without_rows_returns_none(pg: Engine) -> None:
     with pg.connect() as conn, conn.begin():
         assert direct.fetch_all(conn, update, {"k": "direct:nothing"}) == []
         assert direct.fetch_all(conn, update, {"k": "direct:nothing"}) == []
+
+
+def test_placeholders_are_numbered_once_a_name_however_often_it_is_used(pg: Engine) -> None:
+    """psycopg's statements run with PostgreSQL's own ``$n`` placeholders, converted once
+    (psycopg re-reads a ``%(name)s`` text longer than 4 KiB on every execution): a name
+    used twice binds one value, a literal ``%`` survives, and a text over 4 KiB runs."""
+    assert direct.numbered("SELECT %(a)s, %(b)s, %(a)s || '%%'") == (
+        "SELECT $1, $2, $1 || '%'", ("a", "b"))
+    n = sa.bindparam("n", type_=sa.Integer())
+    long = sa.select(n + 1, n * 2, sa.literal_column("'" + "x" * 5000 + "'").label("pad"),
+                     sa.literal_column("'50%'").label("pct"))
+    with pg.connect() as conn:
+        assert direct.prepared(long, conn.dialect).numbered
+        assert direct.fetch_all(conn, long, {"n": 20}) == [(21, 40, "x" * 5000, "50%")]
+        assert direct.fetch_all(conn, long, {"n": 1})[0][:2] == (2, 2)
