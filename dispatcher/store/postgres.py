@@ -143,6 +143,16 @@ def token_expression() -> Any:
     return (timeline.op("<<")(TIMELINE_SHIFT)) + sa.func.nextval(schema.FENCING_SEQUENCE)
 
 
+def idle_timeout() -> Any:
+    """A held claim's own lease: its transaction's ``idle_in_transaction_session_timeout``
+    set to the lease (parameter ``lease``, evaluated once), so a worker that stalls holding
+    the rows (stopped, frozen) loses its session after the lease and the rows are free."""
+    return sa.select(sa.func.set_config(
+        "idle_in_transaction_session_timeout",
+        sa.cast(sa.cast(LEASE * sa.literal_column("1000"), sa.BigInteger()), sa.Text()),
+        sa.true())).scalar_subquery()
+
+
 @functools.cache
 def claim_statement(which: Any) -> Any:
     """``pending -> claimed`` for the ids ``which`` selects (its LIMIT rendered), a
@@ -187,15 +197,9 @@ def held_claim_statement(which: Any) -> Any:
     ).cte("claimed")
     events = _events_of(claimed, "pending", sa.literal_column(f"'{S.CLAIMED.value}'"))
     task = sa.and_(tasks.c.tenant_id == claimed.c.tenant_id, tasks.c.task_id == claimed.c.task_id)
-    # the transaction's own lease: a worker that stalls holding the rows (stopped, frozen)
-    # loses its session after the lease, and the rows are free again (evaluated once)
-    idle = sa.select(sa.func.set_config(
-        "idle_in_transaction_session_timeout",
-        sa.cast(sa.cast(LEASE * sa.literal_column("1000"), sa.BigInteger()), sa.Text()),
-        sa.true())).scalar_subquery()
     return (
         sa.select(*raw_operation_columns(claimed, raw_times=False), *TASK_LIMIT_COLUMNS,
-                  idle.label("idle_timeout"))
+                  idle_timeout().label("idle_timeout"))
         .select_from(claimed.outerjoin(tasks, task))
         .add_cte(events)
     )
@@ -242,15 +246,11 @@ def claim_mark_statement(which: Any) -> Any:
         .order_by(steps.c.step, marked.c.id),
     ).cte("ev_claim_mark")
     task = sa.and_(tasks.c.tenant_id == marked.c.tenant_id, tasks.c.task_id == marked.c.task_id)
-    idle = sa.select(sa.func.set_config(
-        "idle_in_transaction_session_timeout",
-        sa.cast(sa.cast(LEASE * sa.literal_column("1000"), sa.BigInteger()), sa.Text()),
-        sa.true())).scalar_subquery()
     locked = sa.select(sa.func.count()).select_from(claimed).scalar_subquery()
     return (
         sa.select(*raw_operation_columns(marked, raw_times=False), *TASK_LIMIT_COLUMNS,
                   *(marked.c[f"d_{c.name}"] for c in DISPATCHING_RETURNS),
-                  locked.label("locked"), idle.label("idle_timeout"))
+                  locked.label("locked"), idle_timeout().label("idle_timeout"))
         .select_from(marked.outerjoin(tasks, task))
         .add_cte(events)
     )

@@ -11,11 +11,12 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from sqlalchemy.engine import Engine
 
 from dispatcher.engine.worker import Worker
 from outbox import schema
 from tests.dispatcher import operation, stage, transitions
-from tests.dispatcher.inprocess import sends_finished, statuses, worker_at
+from tests.dispatcher.inprocess import Counting, sends_finished, statuses, worker_at
 
 pytestmark = pytest.mark.postgres
 ops = schema.operations
@@ -32,6 +33,22 @@ def two_step_claims(worker: Worker, monkeypatch: pytest.MonkeyPatch) -> list[int
 
     monkeypatch.setattr(worker.store, "claim", counted)
     return calls
+
+
+def assert_refused_and_the_rest_applied(
+    engine: Engine, receiver: Counting, refused: str, reason: str, others: list[str]
+) -> None:
+    """``refused`` was parked ``blocked`` for ``reason`` without a ``dispatching`` step or
+    an attempt; every one of ``others`` was sent once and applied."""
+    row = operation(engine, refused)
+    assert (row["status"], row["status_reason"], row["attempts"]) == ("blocked", reason, 0)
+    assert transitions(engine, refused) == [("pending", "claimed"), ("claimed", "blocked")]
+    assert statuses(engine) == {"applied": len(others), "blocked": 1}
+    assert set(receiver.sent.values()) == {1} and len(receiver.sent) == len(others)
+    for i in others:
+        assert operation(engine, i)["attempts"] == 1
+        assert transitions(engine, i) == [
+            ("pending", "claimed"), ("claimed", "dispatching"), ("dispatching", "applied")]
 
 
 def test_a_batch_that_passes_is_marked_by_the_claim_statement(
@@ -64,16 +81,8 @@ def test_a_row_past_its_deadline_sends_the_batch_to_two_steps(
         assert two_steps == [1]
         sends_finished(worker, 4)
         worker.record_done(force=True)
-        late = operation(engine, ids[2])
-        assert (late["status"], late["status_reason"], late["attempts"]) == (
-            "blocked", "deadline_passed", 0)
-        assert transitions(engine, ids[2]) == [("pending", "claimed"), ("claimed", "blocked")]
-        assert statuses(engine) == {"applied": 4, "blocked": 1}
-        assert set(receiver.sent.values()) == {1} and len(receiver.sent) == 4
-        for i in ids[:2] + ids[3:]:
-            assert operation(engine, i)["attempts"] == 1
-            assert transitions(engine, i) == [
-                ("pending", "claimed"), ("claimed", "dispatching"), ("dispatching", "applied")]
+        assert_refused_and_the_rest_applied(
+            engine, receiver, ids[2], "deadline_passed", ids[:2] + ids[3:])
 
 
 def test_a_row_the_checks_refuse_sends_the_batch_to_two_steps(
@@ -87,12 +96,7 @@ def test_a_row_the_checks_refuse_sends_the_batch_to_two_steps(
         assert two_steps == [1]
         sends_finished(worker, 4)
         worker.record_done(force=True)
-        refused = operation(engine, ids[0])
-        assert (refused["status"], refused["status_reason"], refused["attempts"]) == (
-            "blocked", "unknown_provider", 0)
-        assert transitions(engine, ids[0]) == [("pending", "claimed"), ("claimed", "blocked")]
-        assert statuses(engine) == {"applied": 4, "blocked": 1}
-        assert set(receiver.sent.values()) == {1} and len(receiver.sent) == 4
+        assert_refused_and_the_rest_applied(engine, receiver, ids[0], "unknown_provider", ids[1:])
         # the connection the rolled-back statement ran on is kept, and serves the next batch
         ids2 = stage(engine, 5, start=5)
         assert worker.claim_and_dispatch() == 5
