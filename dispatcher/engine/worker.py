@@ -145,9 +145,10 @@ class Worker:
             return 0
         limit = min(self.s.batch_size, free)
         try:
-            taken = self._claim_marked(limit) if self.store.marks_in_claim else None
+            taken = self._take(limit, one_statement=True) if self.store.marks_in_claim else None
             if taken is None:
-                taken = self._claim_then_mark(limit)
+                taken = self._take(limit, one_statement=False)
+                assert taken is not None  # the two steps refuse rows, never the batch
         except sa.exc.DBAPIError as exc:
             if getattr(exc.orig, "sqlstate", None) != IDLE_IN_TRANSACTION_TIMEOUT:
                 raise
@@ -164,26 +165,39 @@ class Worker:
             self._pool.submit(self._send, item)
         return claimed
 
-    def _claim_marked(self, limit: int) -> tuple[int, list[InFlight]] | None:
-        """Claim and mark in one statement (:meth:`Store.claim_and_mark`), then the checks
-        in the same transaction. ``None`` when a row was refused (by the statement or by
-        the checks): the transaction is rolled back — nothing of it stays — and the
-        caller takes the two steps, which refuse it with its reason."""
+    def _take(self, limit: int, *, one_statement: bool) -> tuple[int, list[InFlight]] | None:
+        """One batch claimed (held), checked and marked in one transaction: rows claimed
+        and the sends to make. ``one_statement``: claimed and marked by one statement
+        (:meth:`Store.claim_and_mark`), then checked; ``None`` when a row is refused (by
+        the statement or by the checks) — the transaction is rolled back, nothing of it
+        stays, and the caller takes the batch in two steps (claim, checks, then the mark
+        and the refusals), which refuse the row with its reason."""
         t0 = time.perf_counter()
         sent_at = time.monotonic()
         try:
             with self._held_transaction() as conn:
-                got = self.store.claim_and_mark(
-                    conn, worker=self.s.worker_id, limit=limit,
-                    lease_seconds=self.s.lease_seconds,
-                )
+                marks = None
+                if one_statement:
+                    got = self.store.claim_and_mark(
+                        conn, worker=self.s.worker_id, limit=limit,
+                        lease_seconds=self.s.lease_seconds,
+                    )
+                    if got is None:
+                        raise _TwoSteps
+                    (token, rows, task_rows), marks = got
+                else:
+                    token, rows, task_rows = self.store.claim(
+                        conn, worker=self.s.worker_id, limit=limit,
+                        lease_seconds=self.s.lease_seconds, held=True,
+                    )
                 metrics.CLAIM_DURATION.observe(time.perf_counter() - t0)
-                if got is None:
-                    raise _TwoSteps
-                (token, rows, task_rows), marks = got
                 if not rows:
                     return 0, []
                 failpoints.hit("after_claim_commit")  # held: nothing committed yet
+                # the database clock from here on, without a round trip: the claim
+                # statement's time (every claimed row's updated_at) plus the time since the
+                # claim was sent, never less than the true database time (a deadline or a
+                # window ends no later)
                 claimed_at = max(r.updated_at for r in rows)
                 sends = self._commit_dispatching(
                     token, rows, task_rows,
@@ -192,31 +206,6 @@ class Worker:
                 )
         except _TwoSteps:
             return None
-        return len(rows), sends
-
-    def _claim_then_mark(self, limit: int) -> tuple[int, list[InFlight]]:
-        """Claim (held), check, then mark and refuse, in one transaction."""
-        t0 = time.perf_counter()
-        sent_at = time.monotonic()
-        with self._held_transaction() as conn:
-            token, rows, task_rows = self.store.claim(
-                conn, worker=self.s.worker_id, limit=limit,
-                lease_seconds=self.s.lease_seconds, held=True,
-            )
-            metrics.CLAIM_DURATION.observe(time.perf_counter() - t0)
-            if not rows:
-                return 0, []
-            failpoints.hit("after_claim_commit")  # held: claimed, nothing committed yet
-            # the database clock from here on, without a round trip: the claim
-            # statement's time (every claimed row's updated_at) plus the time since the
-            # claim was sent, never less than the true database time (a deadline or a
-            # window ends no later)
-            claimed_at = max(r.updated_at for r in rows)
-            sends = self._commit_dispatching(
-                token, rows, task_rows,
-                lambda: claimed_at + timedelta(seconds=time.monotonic() - sent_at),
-                conn,
-            )
         return len(rows), sends
 
     def _held_transaction(self) -> AbstractContextManager[Connection]:
