@@ -41,17 +41,17 @@ from providers.base import Dispatch, Outcome, OutcomeKind, Provider, TransportPh
 
 log = logging.getLogger("outboxd.dispatch")
 RECORD_LINGER_SECONDS = 0.01
-
-
-class _TwoSteps(Exception):
-    """A batch claimed and marked in one statement holds a row that is refused: its
-    transaction is rolled back, and the batch is taken again in two steps."""
 IDLE_IN_TRANSACTION_TIMEOUT = "25P03"
 """PostgreSQL's SQLSTATE when it ends a session idle in a transaction past its timeout."""
 KEEP_FROM_POOL_SIZE = 2
 """The smallest ``pool_size`` with which the claiming and recording threads keep their
 connections (up to twice ``pool_size`` are open: two kept leave at least two)."""
 S = OperationStatus
+
+
+class _TwoSteps(Exception):
+    """A batch claimed and marked in one statement holds a row that is refused: its
+    transaction is rolled back, and the batch is taken again in two steps."""
 
 
 def _pool_size(engine: Engine) -> int:
