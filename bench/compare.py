@@ -10,7 +10,9 @@ includes SQLite's own work. The order
 alternates (A B, B A, ...) so a machine getting faster or slower during the run weighs on
 both sides alike. Prints each drain, then the medians and AFTER / BEFORE: of the rate, and
 of the daemon's CPU time per row from its first applied row to its last (a figure a busy
-neighbour on a shared machine moves less than it moves the rate).
+neighbour on a shared machine moves less than it moves the rate), and on PostgreSQL of the
+CPU time the database's server processes used per row over the same span (a server on
+this machine only).
 """
 
 from __future__ import annotations
@@ -73,6 +75,7 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"{tree}: not a checkout of outboxd (no dispatcher/ in it)")
     rates: dict[Path, list[float]] = {args.before: [], args.after: []}
     cpu: dict[Path, list[float]] = {args.before: [], args.after: []}
+    server: dict[Path, list[float]] = {args.before: [], args.after: []}
     for i in range(args.pairs):
         order = (args.before, args.after) if i % 2 == 0 else (args.after, args.before)
         for tree in order:
@@ -80,9 +83,11 @@ def main(argv: list[str] | None = None) -> int:
             rates[tree].append(r["rows_per_s"])
             # a checkout from before the daemon's CPU was measured reports none
             cpu[tree].append(r.get("cpu_us_per_row", float("nan")))
+            server[tree].append(r.get("server_cpu_us_per_row", float("nan")))
             print(f"{tree}: {r['rows_per_s']:,.0f} rows/s, "
                   f"{r['commits_per_op']:.4f} commits/op, "
-                  f"daemon CPU {cpu[tree][-1]:.0f} µs/row", flush=True)
+                  f"daemon CPU {cpu[tree][-1]:.0f} µs/row, "
+                  f"server CPU {server[tree][-1]:.0f} µs/row", flush=True)
     before = statistics.median(rates[args.before])
     after = statistics.median(rates[args.after])
     print(f"median: before {before:,.0f}, after {after:,.0f} rows/s; "
@@ -92,6 +97,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"daemon CPU per row (median; steadier than the rate on a shared machine): "
           f"before {cpu_before:.0f}, after {cpu_after:.0f} µs; "
           f"after / before {cpu_after / cpu_before:.2f}")
+    if not args.sqlite:  # SQLite runs in the daemon's process: its CPU is the daemon's
+        server_before = statistics.median(server[args.before])
+        server_after = statistics.median(server[args.after])
+        print(f"server CPU per row (median; the database's processes, on this machine): "
+              f"before {server_before:.0f}, after {server_after:.0f} µs; "
+              f"after / before {server_after / server_before:.2f}")
     return 0
 
 

@@ -14,6 +14,7 @@ import psycopg
 from bench.harness import (
     REPO,
     Deadline,
+    backend_cpu,
     cpu_seconds,
     log,
     peak_rss_mb,
@@ -104,8 +105,10 @@ def drain(
     extra: str = "",
 ) -> dict[str, float]:
     """Start ``replicas`` daemons on a filled backlog and wait until it is applied.
-    Returns rows/s (first claim to last applied, on the database clock), commits per op
-    and the peak RSS of the first replica. ``via``: the DSN the daemons use (a pooler in
+    Returns rows/s (first claim to last applied, on the database clock), commits per op,
+    the peak RSS of the first replica, and CPU time per row applied from the first poll
+    that saw a row applied to the last: the first replica's, and the database's server
+    processes' (:func:`bench.harness.backend_cpu`). ``via``: the DSN the daemons use (a pooler in
     front of ``dsn``), with ``database`` added to their ``[database]`` table."""
     with tempfile.TemporaryDirectory() as tmp:
         cfg = write_config(Path(tmp), via or dsn, batch=batch, provider=provider,
@@ -123,6 +126,8 @@ def drain(
         deadline = Deadline(timeout)
         first: tuple[float, int] | None = None  # CPU seconds, rows applied at the first poll
         cpu = float("nan")  # that saw rows applied: the import and start-up left out
+        server_first: dict[int, float] = {}  # the server's, per process, at that poll
+        server = float("nan")
         try:
             with psycopg.connect(dsn, autocommit=True) as conn:
                 while not deadline.passed():
@@ -134,11 +139,17 @@ def drain(
                         "count(*) FROM outbox_operations"
                     ).fetchone()
                     assert row is not None
+                    serving = backend_cpu(conn)
                     if first is None and row[0]:
                         first = (used, int(row[0]))
+                        server_first = serving
                     if row[0] >= row[1]:
                         if first is not None and row[0] > first[1]:
-                            cpu = (used - first[0]) / (int(row[0]) - first[1])
+                            applied = int(row[0]) - first[1]
+                            cpu = (used - first[0]) / applied
+                            # a process that connected after that poll counts from zero
+                            server = sum(s - server_first.get(p, 0.0)
+                                         for p, s in serving.items()) / applied
                         break
                 else:
                     log(f"  drain timed out: {row[0]} of {row[1]} applied")
@@ -150,7 +161,7 @@ def drain(
                 p.wait(timeout=30)
         commits = writing_commits(dsn) - commits_before
     return {"rows_per_s": rows / seconds, "commits_per_op": commits / rows, "rss_mb": rss,
-            "cpu_us_per_row": cpu * 1e6}
+            "cpu_us_per_row": cpu * 1e6, "server_cpu_us_per_row": server * 1e6}
 
 
 def drain_for(

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import psycopg
 
@@ -69,6 +70,18 @@ def cpu_seconds(pid: int) -> float:
         return float("nan")
     fields = stat[stat.rindex(")") + 2:].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def backend_cpu(conn: psycopg.Connection[Any]) -> dict[int, float]:
+    """CPU seconds used so far by each server process of ``conn``'s database other than
+    ``conn``'s own: the daemon's connections and any autovacuum of this database. Read from
+    ``/proc``, so only for a server on this machine (none for one elsewhere)."""
+    pids = conn.execute(
+        "SELECT pid FROM pg_stat_activity"
+        " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+    ).fetchall()
+    used = {int(p): cpu_seconds(int(p)) for (p,) in pids}
+    return {p: s for p, s in used.items() if not math.isnan(s)}  # gone since: left out
 
 
 @dataclass

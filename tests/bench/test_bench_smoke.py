@@ -24,6 +24,7 @@ def test_harness_workloads_run(
         result = daemon_runs.drain(dsn, 300, batch=100, timeout=120)
         assert result["rows_per_s"] > 0
         assert "cpu_us_per_row" in result  # NaN when the drain ends before a second poll
+        assert "server_cpu_us_per_row" in result
         assert daemon_runs.claim_latency_ms(dsn, samples=3) > 0
         daemon_runs.fill(dsn, 300, start=300)  # the backlog section: settled, then timed
         daemon_runs.settle(dsn)
@@ -34,6 +35,20 @@ def test_harness_workloads_run(
     assert "| x |" in table and "| r | 0.50 | >= 1 | **not met** |" in table
     assert [harness.verdict(v, t) for v, t in [(1.0, ">= 1"), (0.2, "<= 0.1"), (3.0, "report")]
             ] == ["met", "**not met**", ""]
+
+
+def test_backend_cpu_reads_the_database_s_other_processes(
+    pg_admin_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import psycopg
+
+    monkeypatch.setattr(harness, "ADMIN_DSN", pg_admin_dsn)
+    with harness.scratch_database("outboxd_smoke") as dsn, psycopg.connect(
+            dsn, autocommit=True) as me, psycopg.connect(dsn, autocommit=True) as other:
+        other.execute("SELECT count(*) FROM generate_series(1, 3000000)")  # CPU, then idle
+        used = harness.backend_cpu(me)
+        assert me.info.backend_pid not in used
+        assert used[other.info.backend_pid] > 0
 
 
 def test_receipt_latency_runs_with_many_waiters(
