@@ -4,10 +4,12 @@ installed into the bench environment by ``make bench`` only; it is never a depen
 outboxd.
 
 Run as a subprocess: ``python -m bench.pgqueuer_run DSN DRIVER JOBS BATCH`` (DRIVER is
-``asyncpg`` or ``psycopg``) prints ``JOBS_PER_S COMMITS_PER_JOB``. The jobs are enqueued
-first, then timed from the consumer's start until drain mode returns (the queue empty,
-every job's completion written). Commits are the transactions that wrote over the drain
-(``bench.harness.writing_commits``), counted as for outboxd.
+``asyncpg`` or ``psycopg``) prints ``JOBS_PER_S COMMITS_PER_JOB CLIENT_CPU SERVER_CPU``,
+the last two in µs per job. The jobs are enqueued first, then timed from the consumer's
+start until drain mode returns (the queue empty, every job's completion written). Commits
+are the transactions that wrote over the drain (``bench.harness.writing_commits``), counted
+as for outboxd; the CPU is the consumer process's over the drain and the database's server
+processes' (``bench.harness.backend_cpu``), as ``bench.daemon_runs.drain`` counts outboxd's.
 
 Its psycopg driver shares one connection between its NOTIFY watcher
 (``notifies(timeout=1.0)``) and its queries, and psycopg 3.2+ locks the connection for
@@ -25,7 +27,9 @@ import time
 from datetime import timedelta
 from typing import Any
 
-from bench.harness import REPO, writing_commits
+import psycopg
+
+from bench.harness import REPO, backend_cpu, writing_commits
 
 ENQUEUE_CHUNK = 1_000
 STATS_FLUSH_S = 1.2
@@ -48,7 +52,7 @@ async def _connect(dsn: str, driver: str) -> tuple[Any, Any]:
     raise SystemExit(f"driver must be asyncpg or psycopg, not {driver!r}")
 
 
-async def _run(dsn: str, driver: str, jobs: int, batch: int) -> tuple[float, float]:
+async def _run(dsn: str, driver: str, jobs: int, batch: int) -> dict[str, float]:
     from pgqueuer import Queries, QueueManager
     from pgqueuer.domain.types import QueueExecutionMode
 
@@ -67,34 +71,51 @@ async def _run(dsn: str, driver: str, jobs: int, batch: int) -> tuple[float, flo
 
         await asyncio.sleep(STATS_FLUSH_S)
         before = writing_commits(dsn)
-        t0 = time.perf_counter()
-        await qm.run(batch_size=batch, mode=QueueExecutionMode.drain,
-                     dequeue_timeout=timedelta(seconds=1))
-        seconds = time.perf_counter() - t0
+        with psycopg.connect(dsn, autocommit=True) as watch:
+            server_before = backend_cpu(watch)
+            cpu_before = time.process_time()
+            t0 = time.perf_counter()
+            await qm.run(batch_size=batch, mode=QueueExecutionMode.drain,
+                         dequeue_timeout=timedelta(seconds=1))
+            seconds = time.perf_counter() - t0
+            cpu = time.process_time() - cpu_before
+            server = sum(v - server_before.get(p, 0.0) for p, v in backend_cpu(watch).items())
     finally:
         await conn.close()
     await asyncio.sleep(STATS_FLUSH_S)
     commits = writing_commits(dsn) - before
-    return jobs / seconds, commits / jobs
+    return {"rows_per_s": jobs / seconds, "commits_per_op": commits / jobs,
+            "cpu_us_per_row": cpu * 1e6 / jobs, "server_cpu_us_per_row": server * 1e6 / jobs}
 
 
 def run(dsn: str, driver: str, jobs: int, batch: int) -> tuple[float, float]:
     """One drain in a process of its own: (jobs per second, commits per job)."""
+    r = figures(dsn, driver, jobs, batch)
+    return r["rows_per_s"], r["commits_per_op"]
+
+
+def figures(dsn: str, driver: str, jobs: int, batch: int) -> dict[str, float]:
+    """One drain in a process of its own: jobs per second, commits per job, and the
+    consumer's and the server's CPU per job (µs), keyed as ``bench.daemon_runs.drain``
+    keys outboxd's."""
     out = subprocess.run(
         [sys.executable, "-m", "bench.pgqueuer_run", dsn, driver, str(jobs), str(batch)],
         cwd=REPO, capture_output=True, text=True, timeout=600, check=False,
     )
     try:
-        rate, commits = out.stdout.split()[-2:]
-        return float(rate), float(commits)
+        values = [float(v) for v in out.stdout.split()[-4:]]
+        return dict(zip(FIGURES, values, strict=True))
     except ValueError:
         raise RuntimeError(f"pgqueuer run failed: {out.stderr[-800:]}") from None
 
 
+FIGURES = ("rows_per_s", "commits_per_op", "cpu_us_per_row", "server_cpu_us_per_row")
+
+
 def main() -> int:
     dsn, driver, jobs, batch = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-    rate, commits = asyncio.run(_run(dsn, driver, jobs, batch))
-    print(f"{rate:.1f} {commits:.4f}")
+    r = asyncio.run(_run(dsn, driver, jobs, batch))
+    print(" ".join(f"{r[k]:.4f}" for k in FIGURES))
     return 0
 
 
