@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import daemon_runs, harness, latency, phases, raw
+from bench import daemon_runs, harness, latency, phases, raw, row_costs
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
 
@@ -49,6 +49,16 @@ def test_backend_cpu_reads_the_database_s_other_processes(
         used = harness.backend_cpu(me)
         assert me.info.backend_pid not in used
         assert used[other.info.backend_pid] > 0
+
+
+def test_row_costs_runs(pg_admin_dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(harness, "ADMIN_DSN", pg_admin_dsn)
+    figures = row_costs.measure(rows=400, rounds=2, fillfactor=50)
+    assert figures["indexes"]["every index"] > 0
+    assert figures["indexes"]["without every secondary index"] > 0
+    assert any(name.startswith("without uq_") for name in figures["indexes"])
+    assert figures["split"]["record, split"] > 0
+    assert 0 <= figures["split"]["share of the split's updates that were HOT"] <= 1
 
 
 def test_receipt_latency_runs_with_many_waiters(
