@@ -175,12 +175,16 @@ class Worker:
         t0 = time.perf_counter()
         sent_at = time.monotonic()
         try:
-            with self._held_transaction() as conn:
+            # one statement: the claim opens the transaction itself (BEGIN in its round
+            # trip, where the connection prepares statements server-side)
+            held = (self._explicit_transaction(begun=True) if one_statement
+                    else self._held_transaction())
+            with held as conn:
                 marks = None
                 if one_statement:
                     got = self.store.claim_and_mark(
                         conn, worker=self.s.worker_id, limit=limit,
-                        lease_seconds=self.s.lease_seconds,
+                        lease_seconds=self.s.lease_seconds, begin=True,
                     )
                     if got is None:
                         raise _TwoSteps
@@ -217,12 +221,14 @@ class Worker:
         return self._explicit_transaction()
 
     @contextmanager
-    def _explicit_transaction(self) -> Iterator[Connection]:
+    def _explicit_transaction(self, *, begun: bool = False) -> Iterator[Connection]:
         """This thread's connection (:meth:`_own_connection`, autocommit) inside one
         explicit transaction: committed when the block ends, rolled back (if the
-        connection still can) when it raises."""
+        connection still can) when it raises. ``begun``: the block's first statement
+        opens the transaction itself (``claim_and_mark(begin=True)``)."""
         with self._own_connection() as conn:
-            direct.run(conn, "BEGIN")
+            if not begun:
+                direct.run(conn, "BEGIN")
             try:
                 yield conn
             except _TwoSteps:

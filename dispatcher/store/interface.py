@@ -75,7 +75,8 @@ class Store(Protocol):
     """:meth:`claim_and_mark` moves a batch in one statement (PostgreSQL)."""
 
     def claim_and_mark(
-        self, conn: Connection, *, worker: str, limit: int, lease_seconds: float
+        self, conn: Connection, *, worker: str, limit: int, lease_seconds: float,
+        begin: bool = False,
     ) -> tuple[Claimed, list[Dispatching]] | None:
         """The held claim (:meth:`claim` with ``held``) and its :meth:`mark_dispatching`
         as ONE statement, for a batch the caller expects to pass its checks: up to
@@ -85,7 +86,10 @@ class Store(Protocol):
         attempts and start times as stored before) — and each row's mark. ``None`` when
         a row it locked could not be marked (its own or its task's deadline has passed):
         the caller rolls the transaction back and takes the two steps, which say why. A
-        caller whose checks refuse a row rolls back too: nothing of the statement stays."""
+        caller whose checks refuse a row rolls back too: nothing of the statement stays.
+        ``begin``: ``conn`` is in autocommit with no transaction open, and the statement
+        opens it (``BEGIN``) — in the same round trip where the connection prepares
+        statements server-side (:func:`dispatcher.store.direct.begin_and_fetch`)."""
         ...
 
     def mark_dispatching(

@@ -418,10 +418,12 @@ class PostgresStore(CommonStatements):
     marks_in_claim = True
 
     def claim_and_mark(
-        self, conn: Connection, *, worker: str, limit: int, lease_seconds: float
+        self, conn: Connection, *, worker: str, limit: int, lease_seconds: float,
+        begin: bool = False,
     ) -> tuple[Claimed, list[Dispatching]] | None:
-        rows = direct.fetch_all(conn, claim_mark_statement(_eligible(limit)),
-                                {"actor": worker, "lease": lease_seconds})
+        run = direct.begin_and_fetch if begin else direct.fetch_all
+        rows = run(conn, claim_mark_statement(_eligible(limit)),
+                   {"actor": worker, "lease": lease_seconds})
         n, k, d = len(OPERATION_FIELDS), len(TASK_LIMIT_COLUMNS), len(DISPATCHING_RETURNS)
         if rows and len(rows) < rows[0][n + k + d]:
             return None  # a locked row was not moved (a deadline passed): two steps

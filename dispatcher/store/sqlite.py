@@ -205,7 +205,8 @@ class SQLiteStore(CommonStatements):
     marks_in_claim = False  # the one writer's claim and mark are statements of their own
 
     def claim_and_mark(
-        self, conn: Connection, *, worker: str, limit: int, lease_seconds: float
+        self, conn: Connection, *, worker: str, limit: int, lease_seconds: float,
+        begin: bool = False,
     ) -> tuple[Claimed, list[Dispatching]] | None:
         return None  # never called (marks_in_claim): the caller takes the two steps
 

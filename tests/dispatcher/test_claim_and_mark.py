@@ -22,6 +22,13 @@ pytestmark = pytest.mark.postgres
 ops = schema.operations
 
 
+@pytest.fixture(params=["unprepared", "prepared"])
+def engine_args(request: pytest.FixtureRequest) -> dict[str, Any]:
+    """The daemon's two kinds of connection: statements prepared server-side (PostgreSQL
+    reached directly: the claim's ``BEGIN`` goes in its round trip), or not (a pooler)."""
+    return {"options": {"prepare_threshold": "5"}} if request.param == "prepared" else {}
+
+
 def two_step_claims(worker: Worker, monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Counts the worker's two-step claims (the store's own method runs)."""
     calls: list[int] = []
@@ -52,9 +59,9 @@ def assert_refused_and_the_rest_applied(
 
 
 def test_a_batch_that_passes_is_marked_by_the_claim_statement(
-    pg_url: str, monkeypatch: pytest.MonkeyPatch
+    pg_url: str, monkeypatch: pytest.MonkeyPatch, engine_args: dict[str, Any]
 ) -> None:
-    with worker_at(pg_url) as (engine, worker, receiver):
+    with worker_at(pg_url, **engine_args) as (engine, worker, receiver):
         ids = stage(engine, 5)
         two_steps = two_step_claims(worker, monkeypatch)
         assert worker.claim_and_dispatch() == 5
@@ -69,9 +76,9 @@ def test_a_batch_that_passes_is_marked_by_the_claim_statement(
 
 
 def test_a_row_past_its_deadline_sends_the_batch_to_two_steps(
-    pg_url: str, monkeypatch: pytest.MonkeyPatch
+    pg_url: str, monkeypatch: pytest.MonkeyPatch, engine_args: dict[str, Any]
 ) -> None:
-    with worker_at(pg_url) as (engine, worker, receiver):
+    with worker_at(pg_url, **engine_args) as (engine, worker, receiver):
         two_steps = two_step_claims(worker, monkeypatch)
         ids = stage(engine, 5)
         with engine.begin() as conn:
@@ -86,9 +93,9 @@ def test_a_row_past_its_deadline_sends_the_batch_to_two_steps(
 
 
 def test_a_row_the_checks_refuse_sends_the_batch_to_two_steps(
-    pg_url: str, monkeypatch: pytest.MonkeyPatch
+    pg_url: str, monkeypatch: pytest.MonkeyPatch, engine_args: dict[str, Any]
 ) -> None:
-    with worker_at(pg_url) as (engine, worker, receiver):
+    with worker_at(pg_url, **engine_args) as (engine, worker, receiver):
         two_steps = two_step_claims(worker, monkeypatch)
         # first in line: a row for a provider this worker does not have
         ids = stage(engine, 1, prefix="bad", provider="nope") + stage(engine, 4, start=1)

@@ -136,3 +136,111 @@ def test_placeholders_are_numbered_once_a_name_however_often_it_is_used(pg: Engi
         assert direct.prepared(long, conn.dialect).numbered
         assert direct.fetch_all(conn, long, {"n": 20}) == [(21, 40, "x" * 5000, "50%")]
         assert direct.fetch_all(conn, long, {"n": 1})[0][:2] == (2, 2)
+
+
+def _preparing(pg_url: str) -> Engine:
+    """An engine whose connections prepare statements server-side, as the daemon's do
+    where no pooler sits between it and PostgreSQL."""
+    eng = db.create_engine(pg_url, isolation_level="AUTOCOMMIT")
+
+    @sa.event.listens_for(eng, "connect")
+    def prepare(dbapi_connection: object, _record: object) -> None:
+        dbapi_connection.prepare_threshold = 5  # type: ignore[attr-defined]
+
+    return eng
+
+
+def _statement() -> sa.Select[tuple[str, float, str]]:
+    return sa.select(
+        sa.bindparam("actor", type_=sa.Text()),
+        sa.bindparam("lease", type_=sa.Float()) * 1000,  # a float the text cannot tell
+        sa.literal("fixed"),
+    )
+
+
+def _server_prepared(conn: sa.Connection) -> list[str]:
+    return list(conn.exec_driver_sql(
+        "SELECT name FROM pg_prepared_statements WHERE name LIKE 'outboxd%%'").scalars())
+
+
+def test_begin_and_the_statement_take_one_round_trip_where_statements_are_prepared(
+    pg_url: str,
+) -> None:
+    eng = _preparing(pg_url)
+    try:
+        with eng.connect() as conn:
+            for actor in ("w1", "it's w2"):  # quoted as psycopg quotes a bound value
+                rows = direct.begin_and_fetch(conn, _statement(), {"actor": actor,
+                                                                  "lease": 2.5})
+                assert rows == [(actor, 2500.0, "fixed")]
+                raw = conn.connection.dbapi_connection
+                assert raw is not None and raw.info.transaction_status.name == "INTRANS"
+                direct.run(conn, "COMMIT")
+            assert _server_prepared(conn) == ["outboxd_1"]  # prepared once
+    finally:
+        eng.dispose()
+
+
+def test_elsewhere_begin_is_its_own_round_trip_and_nothing_is_prepared(pg: Engine) -> None:
+    with pg.connect() as conn:
+        conn.execution_options(isolation_level="AUTOCOMMIT")
+        rows = direct.begin_and_fetch(conn, _statement(), {"actor": "w1", "lease": 1.0})
+        assert rows == [("w1", 1000.0, "fixed")]
+        raw = conn.connection.dbapi_connection
+        assert raw is not None and raw.info.transaction_status.name == "INTRANS"
+        direct.run(conn, "ROLLBACK")
+        assert _server_prepared(conn) == []
+
+
+def test_an_error_leaves_the_transaction_to_roll_back_and_the_next_call_works(
+    pg_url: str,
+) -> None:
+    eng = _preparing(pg_url)
+    failing = sa.select(sa.cast(sa.bindparam("n", type_=sa.Text()), sa.Integer()))
+    try:
+        with eng.connect() as conn:
+            with pytest.raises(sa.exc.DataError):
+                direct.begin_and_fetch(conn, failing, {"n": "not a number"})
+            direct.run(conn, "ROLLBACK")
+            assert direct.begin_and_fetch(conn, failing, {"n": "7"}) == [(7,)]
+            direct.run(conn, "COMMIT")
+    finally:
+        eng.dispose()
+
+
+def test_past_the_prepared_statements_cap_begin_goes_on_its_own(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(direct, "MAX_SERVER_PREPARED", 1)
+    eng = _preparing(pg_url)
+    try:
+        with eng.connect() as conn:
+            for limit in (1, 2, 1):
+                statement = sa.select(sa.literal_column(str(limit)),
+                                      sa.bindparam("actor", type_=sa.Text()))
+                assert direct.begin_and_fetch(conn, statement, {"actor": "w"}) == [
+                    (limit, "w")]
+                direct.run(conn, "COMMIT")
+            assert _server_prepared(conn) == ["outboxd_1"]
+    finally:
+        eng.dispose()
+
+
+def test_a_statement_deallocated_since_is_prepared_again(pg_url: str) -> None:
+    """psycopg deallocates every prepared statement of a connection after a ``ROLLBACK``
+    once it has prepared one of its own (or after ``DEALLOCATE ALL``): the next call finds
+    its statement gone, rolls its ``BEGIN`` back and prepares it again."""
+    eng = _preparing(pg_url)
+    try:
+        with eng.connect() as conn:
+            assert direct.begin_and_fetch(conn, _statement(), {"actor": "w", "lease": 1.0})
+            direct.run(conn, "COMMIT")
+            direct.run(conn, "DEALLOCATE ALL")
+            rows = direct.begin_and_fetch(conn, _statement(), {"actor": "w", "lease": 1.0})
+            assert rows == [("w", 1000.0, "fixed")]
+            raw = conn.connection.dbapi_connection
+            assert raw is not None and raw.info.transaction_status.name == "INTRANS"
+            direct.run(conn, "COMMIT")
+            assert _server_prepared(conn) == ["outboxd_2"]
+    finally:
+        eng.dispose()
