@@ -50,9 +50,34 @@ class Prepared:
     kinds: tuple[str, ...] = ()
     """For a numbered text: each parameter's SQL type in number order, as a server-side
     ``PREPARE`` of the text declares them (:func:`begin_and_fetch`)."""
+    pieces: tuple[str, ...] = ()
+    slots: tuple[int, ...] = ()
+    """For a numbered text: the text around its placeholders, and for each placeholder the
+    number (from 0) of its parameter — the statement with literals in their places is
+    ``pieces[0] + lit[slots[0]] + pieces[1] + …`` (:func:`begin_and_fetch`)."""
 
 
 _PLACEHOLDER = re.compile(r"%\(([^)]+)\)s|%%")
+
+
+def _split(sql: str, names: Sequence[str]) -> tuple[tuple[str, ...], tuple[int, ...]]:
+    """A ``pyformat`` text cut at its placeholders (see :attr:`Prepared.pieces`), each
+    placeholder's name found in ``names``."""
+    pieces: list[str] = []
+    slots: list[int] = []
+    current, at = [], 0
+    for m in _PLACEHOLDER.finditer(sql):
+        current.append(sql[at:m.start()])
+        at = m.end()
+        if m.group(1) is None:
+            current.append("%")
+            continue
+        pieces.append("".join(current))
+        current = []
+        slots.append(names.index(m.group(1)))
+    current.append(sql[at:])
+    pieces.append("".join(current))
+    return tuple(pieces), tuple(slots)
 
 
 def numbered(sql: str) -> tuple[str, tuple[str, ...]]:
@@ -104,7 +129,9 @@ def prepared(
     if dialect.driver == "psycopg" and not compiled.positional:
         sql, names = numbered(str(compiled))
         kinds = tuple(_sql_type(compiled.binds.get(n), dialect) for n in names)
-        return Prepared(sql, fixed, names, numbered=True, kinds=kinds)
+        pieces, slots = _split(str(compiled), names)
+        return Prepared(sql, fixed, names, numbered=True, kinds=kinds, pieces=pieces,
+                        slots=slots)
     order = tuple(compiled.positiontup or ()) if compiled.positional else None
     return Prepared(str(compiled), fixed, order)
 
@@ -147,36 +174,36 @@ def begin_and_fetch(
     conn: Connection, statement: ClauseElement, params: Mapping[str, Any]
 ) -> list[tuple[Any, ...]]:
     """``BEGIN`` on ``conn`` (autocommit, no transaction open), then ``statement`` with
-    ``params`` in the transaction it opened; its rows as tuples, as :func:`fetch_all`.
+    ``params`` in the transaction it opened, in ONE round trip; its rows as tuples, as
+    :func:`fetch_all`.
 
-    Where the connection prepares statements server-side (psycopg's ``prepare_threshold``
-    set: PostgreSQL reached directly or through a session pooler, see
-    ``dispatcher.daemon.Daemon._choose_preparation``) the two take ONE round trip: the
-    statement is prepared once per connection (``PREPARE``, its parameters declared with
-    their types), and ``BEGIN; EXECUTE name(values)`` goes as one simple query — the
-    extended protocol carries one statement per message, so a parameterised statement and
-    its ``BEGIN`` are two round trips there. The values are rendered as literals by
-    psycopg (the same quoting as its client-side binding). psycopg deallocates every
-    prepared statement of a connection — its own and these — after a ``ROLLBACK`` once it
-    has prepared any; a statement found gone is prepared again, once, after rolling the
-    failed ``BEGIN`` back. Elsewhere — a transaction pooler hands each transaction another
-    server connection, so nothing prepared on one is there on the next — ``BEGIN`` is a
-    round trip of its own."""
+    The extended protocol carries one statement per message, so ``BEGIN`` and a
+    parameterised statement are two round trips there; a simple query carries both. Where
+    the connection prepares statements server-side (psycopg's ``prepare_threshold`` set:
+    PostgreSQL reached directly or through a session pooler, see
+    ``dispatcher.daemon.Daemon._choose_preparation``) the statement is prepared once per
+    connection (``PREPARE``, its parameters declared with their types) and the query is
+    ``BEGIN; EXECUTE name(values)``; elsewhere (a transaction pooler hands each
+    transaction another server connection, so nothing prepared on one is on the next) it
+    is ``BEGIN; <the statement with its values in place>``, planned on every execution as
+    an unprepared statement always is. The values are rendered as literals by psycopg (the
+    same quoting as its client-side binding), once per connection: a claim's values are
+    the same on every batch. psycopg deallocates every prepared statement of a connection —
+    its own and these — after a ``ROLLBACK`` once it has prepared any; a statement found
+    gone is prepared again, once, after rolling the failed ``BEGIN`` back."""
     p = prepared(statement, conn.dialect, _schemas(conn))
-    raw: Any = conn.connection.dbapi_connection
-    if not p.numbered or p.order is None or getattr(raw, "prepare_threshold", None) is None:
+    if not p.numbered or p.order is None:  # not psycopg: BEGIN on its own
         run(conn, "BEGIN")
         return fetch_all(conn, statement, params)
+    raw: Any = conn.connection.dbapi_connection
     named = {**p.fixed, **params}
+    values = tuple(named[n] for n in p.order)
     info = conn.connection.info
-    values = _literals(info, tuple(named[n] for n in p.order), raw)
     known: dict[str, str] = info.setdefault(SERVER_PREPARED, {})
+    prepares = getattr(raw, "prepare_threshold", None) is not None
     for again in (False, True):
         name = known.get(p.sql)
-        if name is None:
-            if len(known) >= MAX_SERVER_PREPARED:
-                run(conn, "BEGIN")
-                return fetch_all(conn, statement, params)
+        if name is None and prepares and len(known) < MAX_SERVER_PREPARED:
             # a name never used on this connection: none can be left over
             info[f"{SERVER_PREPARED}.n"] = n = info.get(f"{SERVER_PREPARED}.n", 0) + 1
             name = f"outboxd_{n}"
@@ -184,35 +211,46 @@ def begin_and_fetch(
             with _cursor(conn, declared, None) as cursor:
                 cursor.execute(declared)
             known[p.sql] = name
-        text = f"BEGIN; EXECUTE {name}({values})"
+        text = _begin_text(info, p, name, values, raw)
         try:
             with _cursor(conn, text, None) as cursor:
                 cursor.execute(text)
                 cursor.nextset()  # past BEGIN's result
                 return list(cursor.fetchall()) if _has_rows(cursor) else []
         except sa.exc.DBAPIError as exc:
-            if again or getattr(exc.orig, "sqlstate", None) != _MISSING_STATEMENT:
+            code = getattr(exc.orig, "sqlstate", None)
+            if again or name is None or code != _MISSING_STATEMENT:
                 raise
             run(conn, "ROLLBACK")  # the BEGIN that ran
             known.clear()  # deallocated: every one of them
     raise AssertionError("unreachable")
 
 
-def _literals(info: dict[Any, Any], values: tuple[Any, ...], raw: Any) -> str:
-    """``values`` as SQL literals, comma-separated, rendered by psycopg for connection
-    ``raw``; kept in the connection's ``info`` (a claim's values are the same on every
-    batch: 30 µs a batch of ten saved)."""
+def _begin_text(
+    info: dict[Any, Any], p: Prepared, name: str | None, values: tuple[Any, ...], raw: Any
+) -> str:
+    """The simple query of :func:`begin_and_fetch`: ``BEGIN; EXECUTE name(values)``, or
+    with no ``name`` ``BEGIN;`` and the statement with ``values`` in place; kept in the
+    connection's ``info`` (rendering a claim's values costs 30 µs a batch)."""
     from psycopg.sql import Literal
 
-    rendered: dict[tuple[Any, ...], str] = info.setdefault(f"{SERVER_PREPARED}.values", {})
+    texts: dict[Any, str] = info.setdefault(f"{SERVER_PREPARED}.texts", {})
+    key: tuple[Any, ...] | None = (name, p.sql, values)
     try:
-        text = rendered.get(values)
+        text = texts.get(key)
     except TypeError:  # a value that cannot be a key (a list, a dict): not kept
-        return ", ".join(Literal(v).as_string(raw) for v in values)
+        key, text = None, None
     if text is None:
-        text = ", ".join(Literal(v).as_string(raw) for v in values)
-        if len(rendered) < 4 * MAX_SERVER_PREPARED:
-            rendered[values] = text
+        literals = [Literal(v).as_string(raw) for v in values]
+        if name is not None:
+            text = f"BEGIN; EXECUTE {name}({', '.join(literals)})"
+        else:
+            parts = [p.pieces[0]]
+            for slot, piece in zip(p.slots, p.pieces[1:], strict=True):
+                parts += [literals[slot], piece]
+            text = "BEGIN; " + "".join(parts)
+        if key is not None and len(texts) < 4 * MAX_SERVER_PREPARED:
+            texts[key] = text
     return text
 
 

@@ -78,7 +78,8 @@ def test_phase_timing_runs(pg_admin_dsn: str, monkeypatch: pytest.MonkeyPatch) -
     assert seconds > 0
     assert {"claim and mark statement", "dispatching transaction", "record transaction"
             } <= set(timed)
-    assert any(label.startswith("SQL WITH claimed") for label in timed)
+    # the claim and mark statement, with its BEGIN (prepared server-side: EXECUTE)
+    assert any(label.startswith("SQL BEGIN; EXECUTE outboxd_") for label in timed)
 
 
 def test_pooler_run_drains_through_pgbouncer(

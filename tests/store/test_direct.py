@@ -181,11 +181,17 @@ def test_begin_and_the_statement_take_one_round_trip_where_statements_are_prepar
         eng.dispose()
 
 
-def test_elsewhere_begin_is_its_own_round_trip_and_nothing_is_prepared(pg: Engine) -> None:
+def test_elsewhere_the_statement_goes_with_its_values_in_place(pg: Engine) -> None:
+    """A connection that prepares nothing (a transaction pooler): ``BEGIN`` and the
+    statement, its values quoted in place, as one simple query — a ``%`` of the text, a
+    placeholder used twice and a quote in a value included."""
+    statement = sa.select(
+        sa.bindparam("actor", type_=sa.Text()), sa.literal_column("'50%'"),
+        sa.bindparam("actor", type_=sa.Text()) + "!", sa.bindparam("lease", type_=sa.Float()))
     with pg.connect() as conn:
         conn.execution_options(isolation_level="AUTOCOMMIT")
-        rows = direct.begin_and_fetch(conn, _statement(), {"actor": "w1", "lease": 1.0})
-        assert rows == [("w1", 1000.0, "fixed")]
+        rows = direct.begin_and_fetch(conn, statement, {"actor": "it's", "lease": 1.5})
+        assert rows == [("it's", "50%", "it's!", 1.5)]
         raw = conn.connection.dbapi_connection
         assert raw is not None and raw.info.transaction_status.name == "INTRANS"
         direct.run(conn, "ROLLBACK")
@@ -208,7 +214,7 @@ def test_an_error_leaves_the_transaction_to_roll_back_and_the_next_call_works(
         eng.dispose()
 
 
-def test_past_the_prepared_statements_cap_begin_goes_on_its_own(
+def test_past_the_prepared_statements_cap_the_values_go_in_place(
     pg_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(direct, "MAX_SERVER_PREPARED", 1)
