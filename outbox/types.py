@@ -39,6 +39,14 @@ class UtcDateTime(sa.types.TypeDecorator[datetime]):
             return value.replace(tzinfo=None)
         return value
 
+    def bind_processor(self, dialect: sa.Dialect) -> Any:
+        """SQLite: :func:`sqlite_stored_time` in one step, instead of :meth:`process_bind_param`
+        and then SQLAlchemy's SQLite ``DATETIME`` formatting (the same text, a third of
+        the time: two of every attempt row's values are times)."""
+        if dialect.name == "sqlite":
+            return sqlite_stored_time
+        return super().bind_processor(dialect)
+
     def process_result_value(self, value: Any, dialect: sa.Dialect) -> datetime | None:
         if value is None:
             return None
@@ -47,6 +55,16 @@ class UtcDateTime(sa.types.TypeDecorator[datetime]):
         if value.tzinfo is None:
             return value.replace(tzinfo=UTC)  # type: ignore[no-any-return]
         return value.astimezone(UTC)  # type: ignore[no-any-return]
+
+
+def sqlite_stored_time(value: datetime | None) -> str | None:
+    """``value`` as SQLite stores it: UTC (a naive value is taken as UTC) in the form
+    ``YYYY-MM-DD HH:MM:SS.ffffff``, the text SQLAlchemy's SQLite ``DATETIME`` writes."""
+    if value is None:
+        return None
+    if value.tzinfo is not None:
+        value = value.astimezone(UTC).replace(tzinfo=None)
+    return value.isoformat(" ", "microseconds")
 
 
 class db_now(FunctionElement[datetime]):

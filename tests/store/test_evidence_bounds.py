@@ -3,7 +3,11 @@ put in it: never an error that loses the attempt's record."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dispatcher.store import journal
 from dispatcher.store.journal import EVIDENCE_LIMIT
@@ -23,3 +27,38 @@ def test_evidence_whose_keys_do_not_sort_is_still_recorded() -> None:
     cyclic: dict[str, Any] = {"a": 1}
     cyclic["self"] = cyclic
     assert journal.bounded(cyclic) == {"unencodable": "dict"}
+
+
+scalars = st.one_of(
+    st.text(), st.integers(), st.floats(), st.booleans(), st.none(),
+    st.integers(min_value=10**300, max_value=10**1300),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(st.text(max_size=40), scalars, max_size=12))
+def test_flat_evidence_kept_without_encoding_is_what_encoding_would_keep(
+    evidence: dict[str, Any],
+) -> None:
+    """The fast path (flat, surely under the limit: kept as it is) decides as the
+    encoder would: whatever it keeps encodes within the limit."""
+    kept = journal.bounded(evidence)
+    if not evidence:
+        assert kept is None
+        return
+    text = json.dumps(evidence, sort_keys=True)
+    if len(text) > EVIDENCE_LIMIT:
+        assert kept == {"truncated": True, "prefix": text[:EVIDENCE_LIMIT]}
+    else:
+        assert kept == evidence
+
+
+def test_evidence_near_the_limit_is_measured_by_encoding_it() -> None:
+    """Past what the fast path can vouch for, the encoded length decides: plain ASCII
+    just under the limit is kept whole; a character that escapes to six is counted as
+    six."""
+    under = {"body": "x" * (EVIDENCE_LIMIT - 20)}
+    assert journal.bounded(under) == under
+    escaped = {"body": "é" * (EVIDENCE_LIMIT // 6 + 1)}
+    kept = journal.bounded(escaped)
+    assert kept is not None and kept["truncated"] is True
