@@ -80,36 +80,10 @@ def attempt(
     }
 
 
-_SCALAR_WIDTH: dict[type, Callable[[Any], int]] = {
-    str: lambda v: 12 * len(v) + 2,  # a character outside the BMP: two escapes of six
-    int: lambda v: v.bit_length() // 3 + 2,  # digits, without converting a huge one
-    float: lambda v: 24,  # repr of a float, or Infinity / NaN
-    bool: lambda v: 5,
-    type(None): lambda v: 4,
-}
-
-
-def _surely_small(evidence: Mapping[str, Any]) -> bool:
-    """Every key a string and every value a string, number, boolean or None, and the JSON
-    text no longer than :data:`EVIDENCE_LIMIT` however each is escaped: kept as it is,
-    without encoding it to measure it (a provider's usual evidence)."""
-    width = 2
-    for k, v in evidence.items():
-        measure = _SCALAR_WIDTH.get(type(v))
-        if type(k) is not str or measure is None:
-            return False
-        width += 12 * len(k) + 8 + measure(v)
-        if width > EVIDENCE_LIMIT:
-            return False
-    return True
-
-
 def bounded(evidence: Mapping[str, Any] | None) -> dict[str, Any] | None:
     """Evidence is untrusted and may be large: keep it small and JSON-safe."""
     if not evidence:
         return None
-    if _surely_small(evidence):
-        return dict(evidence)
     try:  # the common case: plain JSON values already, and small
         text = json.dumps(evidence, sort_keys=True)
         plain = True

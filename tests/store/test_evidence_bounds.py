@@ -37,11 +37,11 @@ scalars = st.one_of(
 
 @settings(max_examples=300, deadline=None)
 @given(st.dictionaries(st.text(max_size=40), scalars, max_size=12))
-def test_flat_evidence_kept_without_encoding_is_what_encoding_would_keep(
+def test_flat_evidence_is_kept_whole_or_cut_as_its_encoding_says(
     evidence: dict[str, Any],
 ) -> None:
-    """The fast path (flat, surely under the limit: kept as it is) decides as the
-    encoder would: whatever it keeps encodes within the limit."""
+    """Flat evidence of any size and any characters: kept as it is when its JSON fits
+    the limit, else the JSON's prefix."""
     kept = journal.bounded(evidence)
     if not evidence:
         assert kept is None
@@ -54,9 +54,8 @@ def test_flat_evidence_kept_without_encoding_is_what_encoding_would_keep(
 
 
 def test_evidence_near_the_limit_is_measured_by_encoding_it() -> None:
-    """Past what the fast path can vouch for, the encoded length decides: plain ASCII
-    just under the limit is kept whole; a character that escapes to six is counted as
-    six."""
+    """The encoded length decides, not the characters: plain ASCII just under the
+    limit is kept whole; a character that escapes to six is counted as six."""
     under = {"body": "x" * (EVIDENCE_LIMIT - 20)}
     assert journal.bounded(under) == under
     escaped = {"body": "é" * (EVIDENCE_LIMIT // 6 + 1)}
