@@ -1,5 +1,6 @@
 """The JSON parameter of a batch: what PostgreSQL reads back from it is the rows as the
-standard library would have written them, whichever encoder wrote it."""
+standard library would have written them, whichever encoder wrote it; a SQLite JSON
+column in an executemany stores the value SQLAlchemy's own processor would."""
 
 from __future__ import annotations
 
@@ -9,9 +10,13 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from sqlalchemy.dialects import sqlite
 
+from dispatcher.store import direct
 from dispatcher.store.postgres import batch_json
-from outbox import db
+from outbox import db, schema
 
 NOW = datetime(2026, 12, 6, 12, 50, 53, 66719, tzinfo=UTC)
 
@@ -53,3 +58,34 @@ def test_an_integer_beyond_64_bits_falls_back_to_the_standard_library() -> None:
 
 def test_timestamps_are_iso_8601_with_their_offset() -> None:
     assert json.loads(batch_json([{"at": NOW}])) == [{"at": "2026-12-06T12:50:53.066719+00:00"}]
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(min_value=-(2**63), max_value=2**64 - 1)
+    | st.floats(allow_nan=False, allow_infinity=False) | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(json_values)
+def test_a_sqlite_json_column_binds_the_value_sqlalchemy_would(value: Any) -> None:
+    """The executemany's JSON processor on SQLite (orjson's compact text) stores the
+    value SQLAlchemy's processor stores, ``None`` as the JSON null it stores."""
+    dialect = sqlite.dialect()
+    ours = direct._json_column(schema.attempts.c.evidence.type, dialect)
+    theirs = schema.attempts.c.evidence.type.dialect_impl(dialect).bind_processor(dialect)
+    assert ours is not None and theirs is not None
+    assert json.loads(ours(value)) == json.loads(theirs(value))
+
+
+def test_sql_null_and_json_null_bind_as_sqlalchemy_binds_them() -> None:
+    dialect = sqlite.dialect()
+    column_type = schema.attempts.c.evidence.type
+    ours = direct._json_column(column_type, dialect)
+    theirs = column_type.dialect_impl(dialect).bind_processor(dialect)
+    assert ours is not None and theirs is not None
+    for value in (None, sa.JSON.NULL, sa.null()):
+        assert ours(value) == theirs(value)
+    assert direct._json_column(schema.attempts.c.worker.type, dialect) is None

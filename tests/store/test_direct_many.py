@@ -1,11 +1,12 @@
 """An executemany on the driver's cursor (:func:`dispatcher.store.direct.execute_many`)
-stores exactly what ``Connection.execute`` stores — the same text for timestamps and JSON
-(``None`` included), the same integers and floats — in the caller's transaction, and a
-driver error arrives as SQLAlchemy's class of it. Real SQLite files and the real
-PostgreSQL."""
+stores exactly what ``Connection.execute`` stores — the same text for timestamps, the
+same JSON values (``None`` included; on SQLite in orjson's compact text), the same
+integers and floats — in the caller's transaction, and a driver error arrives as
+SQLAlchemy's class of it. Real SQLite files and the real PostgreSQL."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
@@ -61,17 +62,28 @@ def _attempts(tag: str) -> list[dict[str, Any]]:
 
 def _stored(conn: Connection, table: sa.Table, tag: str) -> list[tuple[Any, ...]]:
     """Every column but the id and created_at as the database holds it (on SQLite with
-    its storage class: text and numbers that merely compare equal do not pass)."""
+    its storage class: text and numbers that merely compare equal do not pass; a JSON
+    column as its storage class and the value its text decodes to)."""
     cols = [c for c in table.c if c.name not in ("id", "created_at")]
-    if conn.dialect.name == "sqlite":
-        shown: list[Any] = [sa.func.quote(sa.literal_column(c.name)) for c in cols]
-    else:
-        shown = [sa.cast(sa.literal_column(c.name), sa.Text) for c in cols]
+    sqlite = conn.dialect.name == "sqlite"
+    shown: list[Any] = []
+    json_at: set[int] = set()
+    for c in cols:
+        col = sa.literal_column(c.name)
+        if not sqlite:
+            shown.append(sa.cast(col, sa.Text))
+        elif isinstance(c.type, sa.JSON):
+            shown.append(sa.func.typeof(col))
+            json_at.add(len(shown))
+            shown.append(col)
+        else:
+            shown.append(sa.func.quote(col))
     rows = conn.execute(
         sa.select(*shown).select_from(table)
         .where(table.c.operation_id.like(f"{tag}-%")).order_by(table.c.operation_id)
     ).all()
-    return [tuple(str(v).replace(tag, "") for v in r) for r in rows]
+    return [tuple(json.loads(v) if i in json_at and v is not None else str(v).replace(tag, "")
+                  for i, v in enumerate(r)) for r in rows]
 
 
 def test_journal_rows_stored_as_connection_execute_stores_them(eng: Engine) -> None:
@@ -112,10 +124,11 @@ def test_a_transition_executemany_matches_connection_execute(eng: Engine) -> Non
     with eng.connect() as conn:
         shown = [sa.cast(ops.c[c], sa.Text) for c in
                  ("status", "receipt", "last_outcome", "lease_owner", "state_revision")]
-        rows = conn.execute(sa.select(*shown).order_by(ops.c.id)).all()
+        rows = [(s, json.loads(r) if r else r, *rest) for s, r, *rest
+                in conn.execute(sa.select(*shown).order_by(ops.c.id)).all()]
     assert rows[0] == rows[2] and rows[1] == rows[3]
     assert rows[0][0] == rows[1][0] == "applied"
-    assert "r1" in rows[0][1] and rows[0][3] is None and rows[0][4] == str(rev + 1)
+    assert rows[0][1] == {"id": "r1"} and rows[0][3] is None and rows[0][4] == str(rev + 1)
 
 
 def test_runs_in_the_callers_transaction(eng: Engine) -> None:
