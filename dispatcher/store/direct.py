@@ -11,7 +11,8 @@ rows come back as the driver's tuples.
 An executemany (:func:`execute_many`) keeps the statement's compiled text, its parameter
 order and its types' bind processors, and converts each parameter set with those same
 processors: the values stored are the ones ``Connection.execute`` would store, without its
-per-set parameter construction.
+per-set parameter construction (a SQLite JSON column's value encoded by orjson, compact:
+the same JSON value in other text).
 
 A driver error is raised as SQLAlchemy's ``DBAPIError`` of the same class, and a lost
 connection invalidates the pooled one, as ``Connection.execute`` would: the daemon's
