@@ -231,7 +231,10 @@ class Daemon:
                 continue
             if once and claimed == 0 and recorded == 0 and self.worker.in_flight() == 0:
                 return
-            if claimed == 0 and recorded == 0:
+            # a short claim found everything eligible: the next waits for a wake-up (a
+            # claim straight after it finds nothing, and its round trips compete with
+            # the sends it has just started)
+            if recorded == 0 and (claimed == 0 or self.worker.claimed_short):
                 self.worker.kick.wait(RECORD_LINGER_SECONDS if self.worker.has_done() else poll)
                 self.worker.kick.clear()
 

@@ -86,6 +86,10 @@ class Worker:
         self.authority: AuthorityCheck = authority or NoAuthority()
         self.artifacts = artifacts
         self.kick = threading.Event()
+        self.claimed_short = False
+        """The last claim took fewer rows than it asked for: nothing else was eligible when it
+        ran, so the next one can wait for a wake-up (a new row's NOTIFY, a finished send, a
+        record, the poll interval) instead of following at once."""
         self._pool = SendThreads(settings.concurrency, "outboxd-send")
         self._inflight: dict[int, InFlight] = {}
         self._done: queue.SimpleQueue[InFlight] = queue.SimpleQueue()
@@ -157,6 +161,7 @@ class Worker:
                         extra={"worker": self.s.worker_id})
             return 0
         claimed, sends = taken
+        self.claimed_short = claimed < limit
         if not claimed:
             return 0
         failpoints.hit("after_dispatching_commit")
