@@ -280,6 +280,10 @@ def mark_statement(where: Any, held: bool = False) -> Any:
     return sa.select(*(marked.c[c.name] for c in returned)).add_cte(events)
 
 
+NOTIFY_PAYLOAD_LIMIT = 8000
+"""PostgreSQL refuses a notification whose payload is this many bytes or more."""
+
+
 @functools.cache
 def record_statement(with_digest: bool) -> Any:
     """``dispatching ->`` each row's next status (parameter ``rec``: one object per finished
@@ -340,11 +344,14 @@ def record_statement(with_digest: bool) -> Any:
         )
         .cte("att")
     )
-    # each settled row wakes its waiters (outbox.wait_for) when the statement commits
+    # each settled row wakes its waiters (outbox.wait_for) when the statement commits;
+    # not a row whose ids make the payload too long for a notification (PostgreSQL refuses
+    # it, and with it the whole record): its waiters find it by reading
     settled: list[Any] = [sa.literal_column(f"'{v}'") for v in SETTLED_VALUES]
-    woken = sa.case((moved.c.status.in_(settled), sa.func.pg_notify(
-        SETTLED_CHANNEL, sa.cast(sa.func.json_build_array(moved.c.tenant_id,
-                                                          moved.c.operation_id), sa.Text))))
+    note = sa.cast(sa.func.json_build_array(moved.c.tenant_id, moved.c.operation_id), sa.Text)
+    woken = sa.case((sa.and_(moved.c.status.in_(settled),
+                             sa.func.octet_length(note) < NOTIFY_PAYLOAD_LIMIT),
+                     sa.func.pg_notify(SETTLED_CHANNEL, note)))
     return sa.select(moved.c.id, woken).add_cte(events).add_cte(attempts)
 
 

@@ -92,3 +92,29 @@ def test_the_record_step_notifies_each_operation_it_settles(pg_url: str, tmp_pat
         assert sorted(map(tuple, heard)) == [(TENANT, i) for i in ids]
         assert outbox.wait_for(engine, tenant_id=TENANT, operation_id=ids[0],
                                timeout=5).receipt
+
+
+@pytest.mark.slow
+@pytest.mark.postgres
+def test_an_operation_too_long_to_notify_is_recorded_and_found_by_reading(
+    pg_url: str, tmp_path: Path
+) -> None:
+    """PostgreSQL refuses a notification of 8,000 bytes or more; an operation whose ids are
+    that long is recorded without one (its waiters read it), and the rest of its batch is
+    recorded and notified — one such row does not halt the record of every other."""
+    import json
+
+    import psycopg
+
+    with engine_at(pg_url) as engine, psycopg.connect(
+            pg_url.replace("+psycopg", ""), autocommit=True) as listening:
+        listening.execute(f"LISTEN {SETTLED_CHANNEL}")
+        (long_id,) = stage(engine, 1, prefix="x" * 9000)
+        ids = stage(engine, 2, prefix="short")
+        with SimProcess(tmp_path) as sim:
+            drain_once(config(tmp_path, pg_url, sim))
+        heard = [json.loads(n.payload)
+                 for n in listening.notifies(timeout=10, stop_after=len(ids))]
+        assert sorted(map(tuple, heard)) == [(TENANT, i) for i in ids]
+        found = outbox.wait_for(engine, tenant_id=TENANT, operation_id=long_id, timeout=5)
+        assert found.status is outbox.OperationStatus.APPLIED
