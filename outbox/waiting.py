@@ -19,10 +19,11 @@ operation and the state it was last seen in. The row is read in short transactio
 waiter's own, with a back-off from 20 ms to half a second between reads, so any number of
 waiters in any number of processes may wait at once; nothing is written.
 
-On PostgreSQL a read is also woken at once by the notification the dispatcher's record step
-sends for each operation it settles (channel :data:`outbox.ddl.SETTLED_CHANNEL`, sent by
-the record statement itself): one LISTEN connection per database per process, opened by
-the first wait and kept, serves every waiter of the process. A notification lost while that
+On PostgreSQL a read is also woken at once by the notifications the dispatcher's record
+step sends for the operations it settles (channel :data:`outbox.ddl.SETTLED_CHANNEL`, sent
+by the record statement itself; what one names: :func:`keys_of`): one LISTEN connection
+per database per process, opened by the first wait and kept, serves every waiter of the
+process. A notification lost while that
 connection reconnects, or a state reached by another path (an operator, reconciliation),
 is found by the next read.
 """
@@ -200,7 +201,9 @@ class Listener:
                     self.tried.set()
                     self._wake(None)  # what settled while nobody listened: read again
                     for note in conn.notifies():
-                        self._wake(_key_of(note.payload))
+                        keys = keys_of(note.payload)
+                        for key in [None] if keys is None else keys:
+                            self._wake(key)
             except Exception as exc:  # the server went away: reads go on; listen again
                 self.ready.clear()
                 self.tried.set()
@@ -208,12 +211,21 @@ class Listener:
                 time.sleep(1.0)
 
 
-def _key_of(payload: str) -> tuple[str, str] | None:
+def keys_of(payload: str) -> list[tuple[str, str]] | None:
+    """The operations a settled notification names: its payload is a JSON array of
+    ``[tenant_id, operation_id]`` pairs (one notification for a record's batch), or one
+    such pair (what an earlier dispatcher sends). None when it is neither: every waiter
+    then reads again."""
     try:
-        tenant_id, operation_id = json.loads(payload)
-    except (ValueError, TypeError):
+        value = json.loads(payload)
+    except ValueError:
         return None
-    return str(tenant_id), str(operation_id)
+    if not isinstance(value, list):
+        return None
+    pairs = value if value and all(isinstance(v, list) for v in value) else [value]
+    if not all(len(p) == 2 and all(isinstance(x, str) for x in p) for p in pairs):
+        return None
+    return [(p[0], p[1]) for p in pairs]
 
 
 _listeners: dict[str, Listener] = {}

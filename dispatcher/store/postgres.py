@@ -280,8 +280,8 @@ def mark_statement(where: Any, held: bool = False) -> Any:
     return sa.select(*(marked.c[c.name] for c in returned)).add_cte(events)
 
 
-NOTIFY_PAYLOAD_LIMIT = 8000
-"""PostgreSQL refuses a notification whose payload is this many bytes or more."""
+NOTE_CHUNK_BYTES = 3900
+"""A settled notification holds less than twice this (PostgreSQL refuses 8,000 bytes)."""
 
 
 @functools.cache
@@ -344,15 +344,35 @@ def record_statement(with_digest: bool) -> Any:
         )
         .cte("att")
     )
-    # each settled row wakes its waiters (outbox.wait_for) when the statement commits;
-    # not a row whose ids make the payload too long for a notification (PostgreSQL refuses
-    # it, and with it the whole record): its waiters find it by reading
+    return sa.select(moved.c.id, _settled_notifications(moved)).add_cte(events).add_cte(attempts)
+
+
+def _settled_notifications(moved: Any) -> Any:
+    """The notifications that wake the waiters (``outbox.wait_for``) of the rows ``moved``
+    settled, sent when the statement commits: each a JSON array of ``[tenant_id,
+    operation_id]`` pairs, as many pairs as fit in :data:`NOTE_CHUNK_BYTES` and one more,
+    in id order — one notification for a batch of ordinary ids rather than one per row
+    (each ``pg_notify`` is a call, a duplicate check and a queue entry on the server). A row
+    whose pair alone takes :data:`NOTE_CHUNK_BYTES` or more is left out (PostgreSQL refuses
+    a payload of 8,000 bytes, and with it the statement): its waiters find it by reading.
+    A scalar subquery: the number of notifications sent."""
     settled: list[Any] = [sa.literal_column(f"'{v}'") for v in SETTLED_VALUES]
-    note = sa.cast(sa.func.json_build_array(moved.c.tenant_id, moved.c.operation_id), sa.Text)
-    woken = sa.case((sa.and_(moved.c.status.in_(settled),
-                             sa.func.octet_length(note) < NOTIFY_PAYLOAD_LIMIT),
-                     sa.func.pg_notify(SETTLED_CHANNEL, note)))
-    return sa.select(moved.c.id, woken).add_cte(events).add_cte(attempts)
+    pair = sa.cast(sa.func.json_build_array(moved.c.tenant_id, moved.c.operation_id), sa.Text)
+    notes = (sa.select(moved.c.id, pair.label("note"))
+             .where(moved.c.status.in_(settled)).subquery("notes"))
+    size = sa.func.octet_length(notes.c.note)
+    limit: Any = sa.literal_column(str(NOTE_CHUNK_BYTES))
+    # a chunk's pairs end within one NOTE_CHUNK_BYTES of each other's running total, so
+    # with each pair shorter than that a chunk holds less than twice it
+    chunk = sa.func.div(sa.func.sum(size + sa.literal_column("1")).over(order_by=notes.c.id),
+                        limit).label("chunk")
+    chunked = sa.select(notes.c.note, chunk).where(size < limit).subquery("chunked")
+    payload = sa.func.concat(sa.literal_column("'['"),
+                             sa.func.string_agg(chunked.c.note, sa.literal_column("','")),
+                             sa.literal_column("']'"))
+    sent = (sa.select(sa.func.pg_notify(SETTLED_CHANNEL, payload).label("sent"))
+            .group_by(chunked.c.chunk).subquery("sent"))
+    return sa.select(sa.func.count()).select_from(sent).scalar_subquery()
 
 
 @functools.cache
