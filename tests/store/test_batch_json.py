@@ -89,3 +89,33 @@ def test_sql_null_and_json_null_bind_as_sqlalchemy_binds_them() -> None:
     for value in (None, sa.JSON.NULL, sa.null()):
         assert ours(value) == theirs(value)
     assert direct._json_column(schema.attempts.c.worker.type, dialect) is None
+
+
+nul_texts = st.text(alphabet=st.sampled_from(["a", "\x00", "\\", "u", "0", "é"]), max_size=8)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.dictionaries(nul_texts, st.lists(nul_texts, max_size=3) | nul_texts, max_size=4))
+def test_nul_characters_become_the_replacement_character_and_nothing_else_moves(
+    receipt: dict[str, Any]
+) -> None:
+    """PostgreSQL's ``jsonb`` holds no U+0000 (it refuses the whole parameter): each NUL of
+    a key or a value becomes U+FFFD; a backslash followed by ``u0000`` is text, kept."""
+    def swapped(v: Any) -> Any:
+        if isinstance(v, str):
+            return v.replace("\x00", "\ufffd")
+        if isinstance(v, dict):
+            return {swapped(k): swapped(x) for k, x in v.items()}
+        return [swapped(x) for x in v]
+
+    text = batch_json([{"id": 1, "receipt": receipt}])
+    assert "\\u0000" not in text.replace("\\\\", "")
+    assert json.loads(text) == [{"id": 1, "receipt": swapped(receipt)}]
+
+
+@pytest.mark.postgres
+def test_postgres_reads_a_batch_whose_strings_hold_nul_characters(pg_url: str) -> None:
+    batch = [{"id": 1, "rev": 1, "status": "applied\x00", "receipt": {"k\x00": "v\x00"},
+              "a_started_at": NOW, "a_finished_at": NOW, "a_evidence": ["\x00"], "detail": None}]
+    (row,) = read_back(pg_url, batch_json(batch))
+    assert (row[2], row[3], row[6]) == ("applied\ufffd", {"k\ufffd": "v\ufffd"}, ["\ufffd"])

@@ -1,0 +1,41 @@
+"""A provider's answer holding a NUL character — in a receipt's value or key, in an
+error's text — is recorded, not refused: PostgreSQL's ``jsonb`` and ``text`` hold no
+U+0000, so there it is stored as the replacement character; SQLite keeps it. Before, the
+record statement failed on PostgreSQL on every try and left its whole batch
+``dispatching``. The worker, the statements and the database are real; the receiver is an
+in-process object implementing the provider protocol."""
+
+from __future__ import annotations
+
+import json
+
+import sqlalchemy as sa
+
+from providers.base import Dispatch, Outcome, OutcomeKind
+from tests.dispatcher import stage
+from tests.dispatcher.inprocess import Counting, sends_finished, statuses, worker_at
+
+
+class NulAnswers(Counting):
+    """Applies every request; its receipt holds NUL characters."""
+
+    def send(self, d: Dispatch) -> Outcome:
+        super().send(d)
+        return Outcome(OutcomeKind.APPLIED, status_code=201,
+                       receipt={"id": "a\x00b", "k\x00": ["\x00"], "raw": "\\u0000"})
+
+
+def test_a_receipt_with_nul_characters_is_recorded(db_url: str) -> None:
+    with worker_at(db_url) as (engine, worker, _receiver):
+        worker.providers["sim"] = NulAnswers()
+        stage(engine, 3)
+        assert worker.claim_and_dispatch() == 3
+        sends_finished(worker, 3)
+        worker.record_done(force=True)
+        assert statuses(engine) == {"applied": 3}
+        with engine.connect() as conn:
+            receipts = [json.loads(r) if isinstance(r, str) else r  # SQLite: the text
+                        for (r,) in conn.execute(sa.text("SELECT receipt FROM outbox_operations"))]
+    nul = "\ufffd" if engine.dialect.name == "postgresql" else "\x00"
+    # a backslash and "u0000" as text is not a NUL, and stays as it was
+    assert receipts == [{"id": f"a{nul}b", f"k{nul}": [nul], "raw": "\\u0000"}] * 3
