@@ -420,6 +420,12 @@ class PostgresStore(CommonStatements):
         yield
         conn.execute(sa.select(sa.func.set_config("outbox.retention_purge", "off", True)))
 
+    def resolve_unknown(self, conn: Connection, *, receipt: Any = None, **kw: Any) -> bool:
+        """As every store's, with a NUL character of the look-up's receipt written as
+        :data:`NUL_STANDIN` (``jsonb`` holds no U+0000: the row's update would fail on
+        every reconciliation)."""
+        return super().resolve_unknown(conn, receipt=_without_nul(receipt), **kw)
+
     listen_statement: str | None = f"LISTEN {NOTIFY_CHANNEL}"
 
     def server_port(self, conn: Connection) -> int | None:

@@ -10,10 +10,22 @@ from __future__ import annotations
 import json
 
 import sqlalchemy as sa
+from sqlalchemy.engine import Engine
 
-from providers.base import Dispatch, Outcome, OutcomeKind
+from dispatcher.maintenance.reconcile import Reconciler
+from providers.base import (
+    Capabilities,
+    Dispatch,
+    LookupConsistency,
+    LookupKind,
+    LookupResult,
+    Outcome,
+    OutcomeKind,
+)
 from tests.dispatcher import stage
 from tests.dispatcher.inprocess import Counting, sends_finished, statuses, worker_at
+from tests.operator import make_unknown
+from tests.operator import stage as stage_ops
 
 
 class NulAnswers(Counting):
@@ -39,3 +51,27 @@ def test_a_receipt_with_nul_characters_is_recorded(db_url: str) -> None:
     nul = "\ufffd" if engine.dialect.name == "postgresql" else "\x00"
     # a backslash and "u0000" as text is not a NUL, and stays as it was
     assert receipts == [{"id": f"a{nul}b", f"k{nul}": [nul], "raw": "\\u0000"}] * 3
+
+
+class NulLookups(Counting):
+    """Finds every operation it is asked about; its look-up's receipt holds a NUL."""
+
+    capabilities = Capabilities(dedup_retention_seconds=3600.0,
+                                lookup_consistency=LookupConsistency.STRONG)
+
+    def lookup(self, d: Dispatch) -> LookupResult:
+        return LookupResult(LookupKind.FOUND, receipt={"id": "a\x00b"})
+
+
+def test_a_lookup_receipt_with_nul_characters_is_recorded(engine: Engine) -> None:
+    """The same for reconciliation: an ``unknown`` operation found by a look-up whose
+    receipt holds a NUL is ``applied``, not failed on every reconciliation."""
+    stage_ops(engine, "task", ["op-1"])
+    make_unknown(engine)
+    Reconciler(engine, {"sim": NulLookups()}, actor="test").run_once()
+    with engine.connect() as conn:
+        status, receipt = conn.execute(sa.text(
+            "SELECT status, receipt FROM outbox_operations")).one()
+    receipt = json.loads(receipt) if isinstance(receipt, str) else receipt
+    nul = "\ufffd" if engine.dialect.name == "postgresql" else "\x00"
+    assert status == "applied" and receipt["lookup"] == {"id": f"a{nul}b"}
