@@ -79,6 +79,8 @@ def _text(name: str, value: str | None, *, required: bool = True) -> str | None:
         return None
     if len(value) > MAX_TEXT:
         raise OverrideRefused(f"{name} is longer than {MAX_TEXT} characters", field=name)
+    if "\x00" in value:  # PostgreSQL's text holds no U+0000: refused the same everywhere
+        raise OverrideRefused(f"{name} holds a NUL character: remove it", field=name)
     return value.strip()
 
 

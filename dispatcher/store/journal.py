@@ -16,6 +16,21 @@ from outbox import schema
 from outbox.records import OperationRecord
 
 EVIDENCE_LIMIT = 4096  # characters of JSON evidence kept per attempt
+NUL_STANDIN = "\ufffd"
+"""What a NUL character of a recorded value becomes on PostgreSQL (the replacement
+character): ``jsonb`` and ``text`` hold no U+0000."""
+
+
+def without_nul(value: Any) -> Any:
+    """``value`` with each NUL character of its strings (keys included) replaced by
+    :data:`NUL_STANDIN`; other values as they are."""
+    if isinstance(value, str):
+        return value.replace("\x00", NUL_STANDIN)
+    if isinstance(value, dict):
+        return {without_nul(k): without_nul(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [without_nul(v) for v in value]
+    return value
 
 
 def event(
@@ -121,7 +136,12 @@ def write(
     execute_many: ExecuteMany = _execute,
 ) -> None:
     """The rows in one multi-row insert per table (``execute_many``: how a store runs an
-    executemany; ``Connection.execute`` unless the store has a faster way)."""
+    executemany; ``Connection.execute`` unless the store has a faster way). On PostgreSQL
+    a NUL character in any value — a verifier's evidence or reason, a provider's answer —
+    is written as :data:`NUL_STANDIN`: the insert would fail, and with it the transition
+    it records, on every try."""
+    if conn.dialect.name == "postgresql":
+        events, attempts = without_nul(events), without_nul(attempts)
     if events:
         execute_many(conn, INSERT_EVENTS, events)
     if attempts:

@@ -23,7 +23,7 @@ from sqlalchemy.dialects import postgresql as pg
 from sqlalchemy.engine import Connection
 from sqlalchemy.sql.type_api import TypeEngine
 
-from dispatcher.store import direct
+from dispatcher.store import direct, journal
 from dispatcher.store.common import (
     DISPATCHING_RETURNS,
     FENCED,
@@ -82,32 +82,17 @@ RECORD_COLUMNS: tuple[tuple[str, TypeEngine[Any]], ...] = (
 )
 
 
-NUL_STANDIN = "\ufffd"
-"""What a NUL character of a recorded value becomes on PostgreSQL (the replacement
-character): ``jsonb`` and ``text`` hold no U+0000."""
-
-
 def batch_json(rows: Sequence[dict[str, Any]]) -> str:
     """The JSON parameter of a batch (timestamps as ISO 8601 text, which PostgreSQL
     parses): :func:`dispatcher.store.direct.json_text`. A NUL character in any string of
     it — a receipt or an error a provider sent back, a key — is written as
-    :data:`NUL_STANDIN`: PostgreSQL refuses ``\\u0000`` in ``jsonb``, and with it the whole
-    record, on every try, every row of the batch left ``dispatching``."""
+    :data:`~dispatcher.store.journal.NUL_STANDIN`: PostgreSQL refuses ``\\u0000`` in
+    ``jsonb``, and with it the whole record, on every try, every row of the batch left
+    ``dispatching``."""
     text = direct.json_text(rows)
     if "\\u0000" in text:  # rare: only then is the batch walked
-        text = direct.json_text(_without_nul(rows))
+        text = direct.json_text(journal.without_nul(rows))
     return text
-
-
-def _without_nul(value: Any) -> Any:
-    """``value`` with each NUL character of its strings (keys included) replaced."""
-    if isinstance(value, str):
-        return value.replace("\x00", NUL_STANDIN)
-    if isinstance(value, dict):
-        return {_without_nul(k): _without_nul(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_without_nul(v) for v in value]
-    return value
 
 
 def _rows_of(name: str, columns: Sequence[tuple[str, TypeEngine[Any]]]) -> Any:
@@ -436,9 +421,9 @@ class PostgresStore(CommonStatements):
 
     def resolve_unknown(self, conn: Connection, *, receipt: Any = None, **kw: Any) -> bool:
         """As every store's, with a NUL character of the look-up's receipt written as
-        :data:`NUL_STANDIN` (``jsonb`` holds no U+0000: the row's update would fail on
-        every reconciliation)."""
-        return super().resolve_unknown(conn, receipt=_without_nul(receipt), **kw)
+        :data:`~dispatcher.store.journal.NUL_STANDIN` (``jsonb`` holds no U+0000: the
+        row's update would fail on every reconciliation)."""
+        return super().resolve_unknown(conn, receipt=journal.without_nul(receipt), **kw)
 
     listen_statement: str | None = f"LISTEN {NOTIFY_CHANNEL}"
 

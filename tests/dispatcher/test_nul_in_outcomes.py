@@ -1,5 +1,5 @@
 """A provider's answer holding a NUL character — in a receipt's value or key, in an
-error's text — is recorded, not refused: PostgreSQL's ``jsonb`` and ``text`` hold no
+error's text, in a verifier's evidence — is recorded, not refused: PostgreSQL's ``jsonb`` and ``text`` hold no
 U+0000, so there it is stored as the replacement character; SQLite keeps it. Before, the
 record statement failed on PostgreSQL on every try and left its whole batch
 ``dispatching``. The worker, the statements and the database are real; the receiver is an
@@ -8,11 +8,14 @@ in-process object implementing the provider protocol."""
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from dispatcher.maintenance.reconcile import Reconciler
+from dispatcher.maintenance.verifier import Verifier
 from providers.base import (
     Capabilities,
     Dispatch,
@@ -21,6 +24,8 @@ from providers.base import (
     LookupResult,
     Outcome,
     OutcomeKind,
+    VerifyKind,
+    VerifyResult,
 )
 from tests.dispatcher import stage
 from tests.dispatcher.inprocess import Counting, sends_finished, statuses, worker_at
@@ -75,3 +80,32 @@ def test_a_lookup_receipt_with_nul_characters_is_recorded(engine: Engine) -> Non
     receipt = json.loads(receipt) if isinstance(receipt, str) else receipt
     nul = "\ufffd" if engine.dialect.name == "postgresql" else "\x00"
     assert status == "applied" and receipt["lookup"] == {"id": f"a{nul}b"}
+
+
+class NulVerifier(Counting):
+    """Verifies every receipt; its reason and evidence hold NUL characters."""
+
+    def verify(self, receipt: Mapping[str, Any]) -> VerifyResult:
+        return VerifyResult(VerifyKind.VERIFIED, reason="seen\x00",
+                            evidence={"page": "a\x00b", "k\x00": ["\x00"]})
+
+
+def test_a_verification_with_nul_characters_is_recorded(engine: Engine) -> None:
+    """The same for verification: evidence and a reason holding NUL characters verify
+    the operation, stored with the replacement character on PostgreSQL, instead of
+    failing its event's write on every verification run (the operation left ``applied``
+    for good)."""
+    stage_ops(engine, "task", ["op-1"])
+    with engine.begin() as conn:
+        conn.execute(sa.text("UPDATE outbox_operations SET status = 'applied', "
+                             "receipt = '{\"id\": \"r-1\"}'"))
+    counts = Verifier(engine, {"sim": NulVerifier()}, actor="test").run_once()
+    assert counts.verified == 1
+    with engine.connect() as conn:
+        status = conn.execute(sa.text("SELECT status FROM outbox_operations")).scalar_one()
+        reason, detail = conn.execute(sa.text(
+            "SELECT reason, detail FROM outbox_events WHERE kind = 'verification'")).one()
+    detail = json.loads(detail) if isinstance(detail, str) else detail
+    nul = "\ufffd" if engine.dialect.name == "postgresql" else "\x00"
+    assert status == "verified" and reason == f"seen{nul}"
+    assert detail["evidence"] == {"page": f"a{nul}b", f"k{nul}": [nul]}

@@ -123,3 +123,19 @@ def test_unknown_cannot_be_cancelled_and_stale_overrides_write_nothing(engine: E
                          evidence="e", status_reason="x", values={}, detail={})
     assert _op(engine, "op-s")["last_outcome"] == "reconciled_not_applied"
     assert len(_overrides(engine)) == 1
+
+
+@pytest.mark.parametrize("field", ["actor", "reason", "evidence"])
+def test_a_nul_character_in_an_override_is_refused_by_name(engine: Engine, field: str) -> None:
+    """A NUL character (a web form's ``%00``, a pasted binary) in what a person writes is
+    refused with the field's name, on both dialects — PostgreSQL's ``text`` holds no
+    U+0000, and the override would otherwise fail there with a driver error."""
+    stage(engine, "task-n", ["op-n"])
+    make_unknown(engine)
+    given = {"actor": "alice", "reason": "seen in the CRM", "evidence": "TICKET-1"}
+    given[field] = "a\x00b"
+    with engine.begin() as conn, pytest.raises(overrides.OverrideRefused) as refused:
+        overrides.resolve(conn, tenant_id=TENANT, operation_id="op-n", outcome="applied",
+                          **given)
+    assert str(refused.value) == f"{field} holds a NUL character: remove it (field={field!r})"
+    assert _op(engine, "op-n")["status"] == "unknown"
