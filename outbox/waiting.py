@@ -23,9 +23,8 @@ On PostgreSQL a read is also woken at once by the notifications the dispatcher's
 step sends for the operations it settles (channel :data:`outbox.ddl.SETTLED_CHANNEL`, sent
 by the record statement itself; what one names: :func:`keys_of`): one LISTEN connection
 per database per process, opened by the first wait and kept, serves every waiter of the
-process. A notification lost while that
-connection reconnects, or a state reached by another path (an operator, reconciliation),
-is found by the next read.
+process. A notification lost while that connection reconnects, or a state reached by
+another path (an operator, reconciliation), is found by the next read.
 """
 
 from __future__ import annotations
