@@ -75,11 +75,14 @@ class RetryPolicy:
     def budget_left(
         self, *, attempts: int, first_dispatched_at: datetime | None, now: datetime
     ) -> str | None:
-        """None if another attempt is allowed now, else which budget is spent."""
-        elapsed = (now - first_dispatched_at).total_seconds() if first_dispatched_at else 0.0
-        state = self._state(attempts, elapsed)
+        """None if another attempt is allowed now, else which budget is spent. (Checked
+        for every claimed row: the tenacity state is built only when a first dispatch
+        has started the clock.)"""
         if attempts >= self.max_attempts:
             return "attempts"
-        if first_dispatched_at is not None and self._stop_elapsed(state):
+        if first_dispatched_at is None:
+            return None
+        elapsed = (now - first_dispatched_at).total_seconds()
+        if self._stop_elapsed(self._state(attempts, elapsed)):
             return "elapsed"
         return None
