@@ -217,7 +217,9 @@ def begin_and_fetch(
             known[p.sql] = name
         text = _begin_text(info, p, name, values, raw)
         try:
-            with _cursor(conn, text, None) as cursor:
+            # kept: the same text on every batch (a claim's values do not change), and a
+            # kept cursor keeps its loaders for the result's columns
+            with _cursor(conn, text, None, keep=True) as cursor:
                 cursor.execute(text)
                 cursor.nextset()  # past BEGIN's result
                 return list(cursor.fetchall()) if _has_rows(cursor) else []

@@ -181,6 +181,24 @@ def test_begin_and_the_statement_take_one_round_trip_where_statements_are_prepar
         eng.dispose()
 
 
+def test_begin_and_the_statement_keep_one_cursor_from_batch_to_batch(pg_url: str) -> None:
+    """A claim's text is the same on every batch: its cursor is kept (with the loaders
+    psycopg set up for its result's columns), as :func:`direct.fetch_all` keeps its own."""
+    eng = _preparing(pg_url)
+    try:
+        with eng.connect() as conn:
+            kept = conn.connection.info.setdefault(direct.KEPT_CURSORS, {})
+            cursors = set()
+            for _ in range(3):
+                rows = direct.begin_and_fetch(conn, _statement(), {"actor": "w", "lease": 1.0})
+                assert rows == [("w", 1000.0, "fixed")]
+                direct.run(conn, "COMMIT")
+                cursors |= {id(c) for sql, c in kept.items() if sql.startswith("BEGIN; ")}
+            assert len(cursors) == 1
+    finally:
+        eng.dispose()
+
+
 def test_elsewhere_the_statement_goes_with_its_values_in_place(pg: Engine) -> None:
     """A connection that prepares nothing (a transaction pooler): ``BEGIN`` and the
     statement, its values quoted in place, as one simple query — a ``%`` of the text, a
