@@ -1,9 +1,9 @@
 """A provider's answer holding a NUL character — in a receipt's value or key, in an
-error's text, in a verifier's evidence — is recorded, not refused: PostgreSQL's ``jsonb`` and ``text`` hold no
-U+0000, so there it is stored as the replacement character; SQLite keeps it. Before, the
-record statement failed on PostgreSQL on every try and left its whole batch
-``dispatching``. The worker, the statements and the database are real; the receiver is an
-in-process object implementing the provider protocol."""
+error's text, in a verifier's evidence — is recorded, not refused: PostgreSQL's ``jsonb``
+and ``text`` hold no U+0000, so there it is stored as the replacement character; SQLite
+keeps it. Before, the record statement failed on PostgreSQL on every try and left its
+whole batch ``dispatching``. The worker, the statements and the database are real; the
+receiver is an in-process object implementing the provider protocol."""
 
 from __future__ import annotations
 
