@@ -176,6 +176,7 @@ def recorded(item: InFlight, d: outcomes.Decision, worker: str, now: datetime) -
         ),
         {"outcome": out.kind.value, "status_code": out.status_code, "replayed": out.replayed},
         attempt_row(item, worker, now),
+        item.token,
     )
 
 

@@ -14,7 +14,6 @@ import logging
 import queue
 import threading
 import time
-from collections import defaultdict
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import AbstractContextManager, contextmanager, suppress
@@ -605,28 +604,24 @@ class Worker:
             log.debug("closing a lost connection failed", exc_info=True)
 
     def _record(self, items: list[InFlight]) -> set[int]:
-        moved_all: set[int] = set()
+        """One record of finished sends, of one claimed batch or several: on PostgreSQL
+        one self-committing statement, each row fenced on its own batch's token."""
         worker = self.s.worker_id
-        by_token: dict[int, list[tuple[InFlight, outcomes.Decision, Recorded]]] = (
-            defaultdict(list)
-        )
+        decided: list[tuple[InFlight, outcomes.Decision, Recorded]] = []
         for item in items:
             now = item.db_now()
             d = decide(item, self.providers, self.s, now)
-            by_token[item.token].append((item, d, recorded(item, d, worker, now)))
+            decided.append((item, d, recorded(item, d, worker, now)))
         with self._transaction() as conn:
-            if self._one_statement is not self.engine:  # each write commits as it runs
+            if self._one_statement is not self.engine:  # the write commits as it runs
                 failpoints.hit("before_receipt_commit")
-            for token, group in by_token.items():
-                moved = self.store.record_many(
-                    conn, token=token, items=[r for _, _, r in group], actor=worker
-                )
-                moved_all |= moved
-                for item, d, _ in group:
-                    observe(item, d, moved=item.op.id in moved)
+            moved = self.store.record_many(
+                conn, items=[r for _, _, r in decided], actor=worker)
+            for item, d, _ in decided:
+                observe(item, d, moved=item.op.id in moved)
             if self._one_statement is self.engine:
                 failpoints.hit("before_receipt_commit")
-        return moved_all
+        return moved
 
     # -- leases and shutdown -------------------------------------------------------------
     def extend_leases(self) -> None:

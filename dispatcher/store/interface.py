@@ -126,9 +126,10 @@ class Store(Protocol):
         ...
 
     def record_many(
-        self, conn: Connection, *, token: int, items: Sequence[Recorded], actor: str
+        self, conn: Connection, *, items: Sequence[Recorded], actor: str
     ) -> set[int]:
-        """Record finished sends: ``dispatching ->`` each row's next status (fenced), an
+        """Record finished sends, of one claimed batch or several: ``dispatching ->`` each
+        row's next status, fenced on the item's own token (:attr:`Recorded.token`), an
         event per row moved, an attempt row per send (marked ``fenced`` when its write
         matched nothing). Returns the ids moved."""
         ...

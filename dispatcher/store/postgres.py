@@ -71,6 +71,7 @@ ATTEMPT_COLUMNS: tuple[tuple[str, TypeEngine[Any]], ...] = (
 RECORD_COLUMNS: tuple[tuple[str, TypeEngine[Any]], ...] = (
     ("id", sa.BigInteger()),
     ("rev", sa.BigInteger()),
+    ("token", sa.BigInteger()),
     ("status", sa.Text()),
     ("reason", sa.Text()),
     ("receipt", pg.JSONB()),
@@ -307,9 +308,10 @@ NOTE_CHUNK_BYTES = 3900
 @functools.cache
 def record_statement(with_digest: bool) -> Any:
     """``dispatching ->`` each row's next status (parameter ``rec``: one object per finished
-    send, keys :data:`RECORD_COLUMNS`), fenced on ``token``; events for the rows moved;
+    send, keys :data:`RECORD_COLUMNS`), each fenced on its own ``token`` (the sends of
+    several claimed batches in one statement and one commit); events for the rows moved;
     an attempt row for every send, its evidence marked ``fenced`` when the write matched
-    nothing. Parameters: rec, token, actor. Returns the ids moved."""
+    nothing. Parameters: rec, actor. Returns the ids moved."""
     rec = _rows_of("rec", RECORD_COLUMNS)
     dispatching: Any = sa.literal_column(f"'{S.DISPATCHING.value}'")
     values: dict[str, Any] = {
@@ -331,7 +333,7 @@ def record_statement(with_digest: bool) -> Any:
         .where(
             ops.c.id == rec.c.id,
             ops.c.state_revision == rec.c.rev,
-            ops.c.fencing_token == TOKEN,
+            ops.c.fencing_token == rec.c.token,
             ops.c.status == dispatching,
         )
         .values(**values)
@@ -361,7 +363,8 @@ def record_statement(with_digest: bool) -> Any:
         sa.insert(schema.attempts)
         .from_select(
             [c for c, _ in ATTEMPT_COLUMNS] + ["fencing_token", "worker"],
-            sa.select(*(rec.c[f"a_{c}"] for c, _ in ATTEMPT_COLUMNS[:-1]), evidence, TOKEN, ACTOR),
+            sa.select(*(rec.c[f"a_{c}"] for c, _ in ATTEMPT_COLUMNS[:-1]), evidence,
+                      rec.c.token, ACTOR),
         )
         .cte("att")
     )
@@ -505,7 +508,7 @@ class PostgresStore(CommonStatements):
         return [Dispatching(r[0], r[1], r[2], r[3], r[4]) for r in rows]
 
     def record_many(
-        self, conn: Connection, *, token: int, items: Sequence[Recorded], actor: str
+        self, conn: Connection, *, items: Sequence[Recorded], actor: str
     ) -> set[int]:
         if not items:
             return set()
@@ -513,6 +516,7 @@ class PostgresStore(CommonStatements):
             {
                 "id": t.id,
                 "rev": t.state_revision,
+                "token": r.token,
                 "status": checked_move(S.DISPATCHING, t.status),
                 "reason": t.status_reason,
                 "receipt": t.receipt,
@@ -529,6 +533,6 @@ class PostgresStore(CommonStatements):
         moved = direct.fetch_all(
             conn,
             record_statement(with_digest),
-            {"rec": batch_json(rows), "token": token, "actor": actor},
+            {"rec": batch_json(rows), "actor": actor},
         )
         return {r[0] for r in moved}

@@ -31,7 +31,7 @@ from dispatcher.store.common import (
     stored_status,
     task_limits_of,
 )
-from dispatcher.store.transitions import Claimed, Dispatching, Recorded
+from dispatcher.store.transitions import Claimed, Dispatching, Recorded, Transition
 from outbox import decoding, schema
 from outbox.records import OPERATION_FIELDS, OperationRecord, raw_operation_columns
 from outbox.states import OperationStatus
@@ -294,14 +294,19 @@ class SQLiteStore(CommonStatements):
         return [Dispatching(r[0], r[1], r[2], _time(r[3]), _time(r[4])) for r in rows]
 
     def record_many(
-        self, conn: Connection, *, token: int, items: Sequence[Recorded], actor: str
+        self, conn: Connection, *, items: Sequence[Recorded], actor: str
     ) -> set[int]:
-        """An executemany, then the events and attempt rows in two inserts."""
+        """An executemany per fencing token (the caller's one transaction), then the
+        events and attempt rows in two inserts."""
         if not items:
             return set()
-        moved = self.transition_many(
-            conn, token=token, expected=S.DISPATCHING, items=[r.transition for r in items]
-        )
+        by_token: dict[int, list[Transition]] = {}
+        for r in items:
+            by_token.setdefault(r.token, []).append(r.transition)
+        moved: set[int] = set()
+        for token, transitions in by_token.items():
+            moved |= self.transition_many(
+                conn, token=token, expected=S.DISPATCHING, items=transitions)
         journal.write(
             conn,
             [
@@ -311,7 +316,7 @@ class SQLiteStore(CommonStatements):
                     to_status=r.transition.status.value,
                     reason=r.transition.status_reason,
                     actor=actor,
-                    fencing_token=token,
+                    fencing_token=r.token,
                     detail=r.detail,
                 )
                 for r in items

@@ -56,11 +56,13 @@ class Transition:
 
 @dataclass(frozen=True)
 class Recorded:
-    """One finished send to record: its fenced transition, the ``detail`` of its event, and
-    its ``outbox_attempts`` row (:func:`dispatcher.store.journal.attempt`, evidence not yet marked
-    fenced: that is known only when the write has matched or not)."""
+    """One finished send to record: its fenced transition, the ``detail`` of its event, its
+    ``outbox_attempts`` row (:func:`dispatcher.store.journal.attempt`, evidence not yet marked
+    fenced: that is known only when the write has matched or not), and the fencing token
+    it was sent under, which its write is fenced on."""
 
     op: OperationRecord
     transition: Transition
     detail: Mapping[str, Any] | None
     attempt: Mapping[str, Any]
+    token: int

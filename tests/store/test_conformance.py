@@ -173,6 +173,7 @@ def _recorded(op: OperationRecord, token: int, status: OperationStatus) -> Recor
         attempt=journal.attempt(op, attempt_no=1, token=token, worker="w1",
                                 result_class="applied", started_at=now, finished_at=now,
                                 evidence={"status": 200}),
+        token=token,
     )
 
 
@@ -182,10 +183,9 @@ def test_recording_is_fenced_and_writes_events_and_attempts(engine: Engine, stor
     mark(engine, store, token, claimed)
     mine, stale = claimed
     with tx(engine) as conn:
-        moved = store.record_many(conn, token=token, items=[_recorded(mine, token, S.APPLIED)],
-                                  actor="w1")
-        fenced = store.record_many(conn, token=token - 1,
-                                   items=[_recorded(stale, token - 1, S.APPLIED)], actor="w1")
+        moved = store.record_many(conn, items=[_recorded(mine, token, S.APPLIED)], actor="w1")
+        fenced = store.record_many(conn, items=[_recorded(stale, token - 1, S.APPLIED)],
+                                   actor="w1")
     assert (moved, fenced) == ({mine.id}, set())
     row = operation(engine, mine.operation_id)
     assert (row["status"], row["receipt"], row["lease_owner"]) == (
@@ -195,6 +195,38 @@ def test_recording_is_fenced_and_writes_events_and_attempts(engine: Engine, stor
     attempts = {a["operation_id"]: a for a in rows(engine, "SELECT * FROM outbox_attempts")}
     assert attempts[mine.operation_id]["result_class"] == "applied"
     evidence = attempts[stale.operation_id]["evidence"]
+    assert (evidence if isinstance(evidence, dict) else json.loads(evidence)) == {
+        "status": 200, "fenced": True}
+
+
+def test_one_record_holds_several_batches_each_fenced_on_its_own_token(
+    engine: Engine, store: Store
+) -> None:
+    """The sends of two claimed batches recorded in one call (on PostgreSQL one statement,
+    one commit): each row's write is fenced on its own batch's token, and its event and
+    attempt row carry that token; an item under a token its row no longer holds is fenced
+    while the others move."""
+    stage(engine, 2, prefix="b1")
+    first, (a, b) = claim(engine, store, limit=2)
+    mark(engine, store, first, [a, b])
+    stage(engine, 1, prefix="b2")
+    second, (c,) = claim(engine, store, limit=1)
+    mark(engine, store, second, [c])
+    assert first != second
+    with tx(engine) as conn:
+        moved = store.record_many(conn, actor="w1", items=[
+            _recorded(a, first, S.APPLIED), _recorded(c, second, S.APPLIED),
+            _recorded(b, second, S.APPLIED)])  # b was sent under `first`, not `second`
+    assert moved == {a.id, c.id}
+    assert [operation(engine, o.operation_id)["status"] for o in (a, b, c)] == [
+        "applied", "dispatching", "applied"]
+    tokens = {e["operation_id"]: e["fencing_token"] for e in rows(
+        engine, "SELECT * FROM outbox_events WHERE to_status = 'applied'")}
+    assert tokens == {a.operation_id: first, c.operation_id: second}
+    attempts = {t["operation_id"]: t for t in rows(engine, "SELECT * FROM outbox_attempts")}
+    assert {k: t["fencing_token"] for k, t in attempts.items()} == {
+        a.operation_id: first, b.operation_id: second, c.operation_id: second}
+    evidence = attempts[b.operation_id]["evidence"]
     assert (evidence if isinstance(evidence, dict) else json.loads(evidence)) == {
         "status": 200, "fenced": True}
 
@@ -372,7 +404,7 @@ def _applied(engine: Engine, store: Store, count: int) -> list[OperationRecord]:
     token, claimed = claim(engine, store)
     mark(engine, store, token, claimed)
     with tx(engine) as conn:
-        store.record_many(conn, token=token, actor="w1",
+        store.record_many(conn, actor="w1",
                           items=[_recorded(o, token, S.APPLIED) for o in claimed])
         return store.verification_due(conn, ["sim"], limit=10)
 
@@ -450,7 +482,7 @@ def test_a_purge_changes_evidence_only_through_the_retention_path(
     token, (op,) = claim(engine, store)
     mark(engine, store, token, [op])
     with tx(engine) as conn:
-        store.record_many(conn, token=token, items=[_recorded(op, token, S.APPLIED)], actor="w1")
+        store.record_many(conn, items=[_recorded(op, token, S.APPLIED)], actor="w1")
     with pytest.raises(sa.exc.DBAPIError), tx(engine) as conn:
         conn.execute(sa.text("UPDATE outbox_operations SET payload = 'null' WHERE id = :id"),
                      {"id": op.id})
