@@ -479,16 +479,25 @@ class Worker:
         return bool(self._unrecorded) or not self._done.empty() or self._recording is not None
 
     def record_due(self) -> bool:
-        """Is it time to record? When a batch has finished, when every send in flight has,
-        or when the oldest finished one has waited ``RECORD_LINGER_SECONDS`` (so one slow
-        send never holds the others' records back for long)."""
-        done = self._done.qsize() + len(self._unrecorded)
+        """Is it time to record? Once the oldest finished send has waited
+        ``RECORD_LINGER_SECONDS`` (so one slow send never holds the others' records back
+        for long). Before that, not while the loop is working through a backlog with room
+        for another full batch (its last claim came back full, and a batch's slots are
+        free): finished sends then wait, holding their slots, until the slots run short,
+        so one record — one statement and one commit on PostgreSQL — takes the sends of
+        several claimed batches. Otherwise when a batch has finished or every send in
+        flight has. The outcomes of a record that failed are due at once."""
+        if self._unrecorded:  # a failed record's outcomes: written at the next chance
+            return True
+        done = self._done.qsize()
         if done == 0:
             return False
-        if done >= len(self._inflight) - self._being_recorded() or done >= self._batch():
-            return True
         oldest = self._oldest_done
-        return oldest is not None and time.monotonic() - oldest >= RECORD_LINGER_SECONDS
+        if oldest is not None and time.monotonic() - oldest >= RECORD_LINGER_SECONDS:
+            return True
+        if not self.claimed_short and self.free_slots() >= self._batch():
+            return False
+        return done >= len(self._inflight) - self._being_recorded() or done >= self._batch()
 
     def record_done(self, *, force: bool = False) -> int:
         """Record finished sends (when due, or ``force``). Returns how many were recorded,

@@ -29,14 +29,17 @@ def test_blind_resend_delayed_past_the_window_is_not_sent(db_url: str, tmp_path:
             outbox.enqueue(conn, tenant_id="t", task_id="k", operation_id="op",
                            provider="sim", payload={"n": 1})
             # An earlier attempt ended ambiguously 2 s ago: a re-send is blind, and with a
-            # 10 s window less 10% margin it must leave within the next 7 seconds.
+            # 20 s window less 10% margin it must leave within the next 16 seconds. The
+            # daemon's start-up and claim take part of that (seconds on a loaded machine:
+            # with a 10 s window the claim itself once came too late), and the pause below
+            # outlasts what is left whenever the claim comes.
             conn.execute(sa.text(
                 "UPDATE outbox_operations SET last_outcome = 'ambiguous', attempts = 1, "
                 f"first_dispatched_at = {two_seconds_ago}"))
         with SimProcess(tmp_path) as sim:
             cfg = write_config(tmp_path, db_url, {
-                "sim": http_provider(sim, dedup_retention_seconds=10)})
-            result = run_once(cfg, env={"OUTBOXD_FAILPOINTS": "after_dispatching_commit=sleep:9"})
+                "sim": http_provider(sim, dedup_retention_seconds=20)})
+            result = run_once(cfg, env={"OUTBOXD_FAILPOINTS": "after_dispatching_commit=sleep:17"})
             assert result.returncode == 0, result.stderr[-2000:]
             assert sim.stats()["requests"] == 0  # nothing left the process
         with engine.connect() as conn:
