@@ -9,6 +9,10 @@ per operation of the client process (the daemon, or PgQueuer's consumer) and of 
 database's server processes, then the medians side by side: the rate says who is ahead,
 the two CPU figures say on which side of the connection the difference lies.
 
+``--floor`` adds a third side, the same backlog drained by outboxd's own two hot-path
+statements with almost no Python around them (``bench.floor``): how far the schema and
+the statements alone get, against PgQueuer and against the daemon.
+
 PgQueuer is installed into the bench environment by ``make bench``; it is never a
 dependency of outboxd.
 """
@@ -21,6 +25,7 @@ import statistics
 from collections.abc import Callable
 
 from bench import daemon_runs, pgqueuer_run
+from bench.floor import floor
 from bench.harness import scratch_database
 
 KEYS = ("rows_per_s", "commits_per_op", "cpu_us_per_row", "server_cpu_us_per_row")
@@ -50,12 +55,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rows", type=int, default=20_000, help="operations (jobs) per drain")
     ap.add_argument("--batch", type=int, default=10, help="batch size of both")
     ap.add_argument("--pairs", type=int, default=3, help="drains of each")
+    ap.add_argument("--floor", action="store_true",
+                    help="also drain with outboxd's statements and almost no Python")
     args = ap.parse_args(argv)
     if importlib.util.find_spec("pgqueuer") is None:
         ap.error("PgQueuer is not installed here: `make bench` installs it "
                  "(or: pip install 'pgqueuer[asyncpg]>=1.6,<2')")
     sides: dict[str, Callable[[int, int], dict[str, float]]] = {
         "outboxd": outboxd, "PgQueuer": pgqueuer}
+    if args.floor:
+        sides["floor"] = floor
     results: dict[str, list[dict[str, float]]] = {name: [] for name in sides}
     for i in range(args.pairs):
         order = list(sides) if i % 2 == 0 else list(reversed(sides))
@@ -72,6 +81,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"outboxd / PgQueuer: rate {ours['rows_per_s'] / theirs['rows_per_s']:.2f}, "
           f"client CPU {ours['cpu_us_per_row'] / theirs['cpu_us_per_row']:.2f}, "
           f"server CPU {ours['server_cpu_us_per_row'] / theirs['server_cpu_us_per_row']:.2f}")
+    if args.floor:
+        least = medians["floor"]
+        print(f"floor / PgQueuer: rate {least['rows_per_s'] / theirs['rows_per_s']:.2f}, "
+              f"server CPU {least['server_cpu_us_per_row'] / theirs['server_cpu_us_per_row']:.2f}"
+              f"; outboxd / floor: rate {ours['rows_per_s'] / least['rows_per_s']:.2f}")
     return 0
 
 

@@ -93,3 +93,35 @@ def test_pooler_run_drains_through_pgbouncer(
     direct, pooled, ratio = figures
     assert direct.median > 0 and pooled.median > 0
     assert ratio.samples == [pooled.samples[0] / direct.samples[0]]
+
+
+def test_floor_drains_every_row_with_the_daemon_s_records(
+    pg_admin_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import psycopg
+
+    from bench import floor
+
+    monkeypatch.setattr(harness, "ADMIN_DSN", pg_admin_dsn)
+    with harness.scratch_database("outboxd_smoke") as dsn:
+        daemon_runs.prepare(dsn)
+        daemon_runs.fill(dsn, 250)
+        figures = floor.floor_drain(dsn, 250, 100)
+        assert figures["rows_per_s"] > 0 and figures["server_cpu_us_per_row"] > 0
+        with psycopg.connect(dsn) as conn:
+            statuses = conn.execute(
+                "SELECT status, count(*), min(attempts), max(attempts), count(receipt)"
+                " FROM outbox_operations GROUP BY status").fetchall()
+            steps = conn.execute(
+                "SELECT from_status, to_status, count(*) FROM outbox_events"
+                " GROUP BY 1, 2 ORDER BY 3, 1").fetchall()
+            attempts = conn.execute(
+                "SELECT result_class, count(DISTINCT operation_id), count(*)"
+                " FROM outbox_attempts GROUP BY 1").fetchall()
+            tokens = conn.execute(
+                "SELECT count(DISTINCT fencing_token) FROM outbox_attempts").fetchone()
+    assert statuses == [("applied", 250, 1, 1, 250)]
+    assert sorted(steps) == [("claimed", "dispatching", 250), ("dispatching", "applied", 250),
+                             ("pending", "claimed", 250)]
+    assert attempts == [("applied", 250, 250)]
+    assert tokens == (3,)  # one fencing token per claimed batch
