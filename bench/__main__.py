@@ -16,8 +16,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from bench import daemon_runs as d
-from bench import harness as h
 from bench import (
+    floor,
     http_compare,
     latency,
     pgqueuer_run,
@@ -29,6 +29,7 @@ from bench import (
     sqlite_run,
     tracing_cost,
 )
+from bench import harness as h
 
 
 def _fresh(fn):  # type: ignore[no-untyped-def]
@@ -84,6 +85,18 @@ def main(argv: list[str] | None = None) -> int:
             _fresh(lambda dsn, n=n, b=batch: raw.raw_drain_with_records(dsn, n, b)),
             note="3 event rows + 1 attempt row per op, one statement per step",
         )
+
+        def statements(dsn: str, n: int = n, b: int = batch) -> float:
+            d.prepare(dsn)
+            d.fill(dsn, n)
+            return floor.floor_drain(dsn, n, b, overlap=True)["rows_per_s"]
+
+        alone = h.repeat(
+            f"outboxd's statements alone, batch {batch}", "rows/s", runs, _fresh(statements),
+            note="the daemon's claim and record on its schema, each record beside the next "
+                 "claim, no Python around them (bench.floor)",
+        )
+        figs.append(alone)
         stats: list[dict[str, float]] = []
 
         def ours(
@@ -234,6 +247,11 @@ def main(argv: list[str] | None = None) -> int:
                 ratios.append((f"outboxd null / PgQueuer-{driver}, batch {batch}",
                                ours.median / fig.median,
                                ">= 1.0" if driver == "asyncpg" else "report"))
+                if driver == "asyncpg":
+                    alone = next(f for f in figs
+                                 if f.name == f"outboxd's statements alone, batch {batch}")
+                    ratios.append((f"outboxd's statements alone / PgQueuer-asyncpg, "
+                                   f"batch {batch}", alone.median / fig.median, "report"))
 
     h.log("6. commit-to-send latency")
     samples = 20 if args.quick else 200

@@ -25,7 +25,9 @@ is the daemon's Python.
 from __future__ import annotations
 
 import argparse
+import queue
 import statistics
+import threading
 import time
 from datetime import UTC, datetime
 from typing import Any
@@ -64,41 +66,66 @@ def _record_row(row: tuple[Any, ...], mark_at: int, now: str) -> dict[str, Any]:
     }
 
 
-def floor_drain(dsn: str, rows: int, batch: int) -> dict[str, float]:
+def floor_drain(dsn: str, rows: int, batch: int, *, overlap: bool = False) -> dict[str, float]:
     """Drain the staged backlog at ``dsn`` (see the module's text); the figures
-    ``bench.daemon_runs.drain`` reports, CPU per row over the whole drain."""
+    ``bench.daemon_runs.drain`` reports, CPU per row over the whole drain. ``overlap``: the
+    records run on a second connection in a thread of their own, each beside the next
+    claim, as the daemon runs them (at most one batch waits for its record)."""
     claim = direct.prepared(pg_store.claim_mark_statement(pg_store._eligible(batch)), _DIALECT)
     record = direct.prepared(pg_store.record_statement(False), _DIALECT)
     assert claim.order is not None and record.order is not None
     n, k = len(OPERATION_FIELDS), len(pg_store.TASK_LIMIT_COLUMNS)
     commits_before = daemon_runs.writing_commits(dsn)
+    recording = [0.0]
     with psycopg.connect(dsn, autocommit=True) as watch, \
-            psycopg.connect(dsn, autocommit=True) as conn:
+            psycopg.connect(dsn, autocommit=True) as conn, \
+            psycopg.connect(dsn, autocommit=True) as rconn:
         named = {**claim.fixed, "actor": "floor", "lease": 30.0}
         values = ", ".join(_literal(conn, named[p]) for p in claim.order)
         conn.execute(f"PREPARE floor_claim ({', '.join(claim.kinds)}) AS {claim.sql}")
         begin = f"BEGIN; EXECUTE floor_claim({values})"
-        recorder = psycopg.RawCursor(conn)
+        recorder = psycopg.RawCursor(rconn if overlap else conn)
+
+        def write(rec: str) -> None:
+            t = time.perf_counter()
+            params = {**record.fixed, "rec": rec, "actor": "floor"}
+            recorder.execute(record.sql, [params[p] for p in record.order], prepare=True)
+            recording[0] += time.perf_counter() - t
+
+        waiting: queue.Queue[str | None] = queue.Queue(maxsize=1)
+
+        def record_all() -> None:
+            while (rec := waiting.get()) is not None:
+                write(rec)
+
+        thread = threading.Thread(target=record_all) if overlap else None
         server_before = harness.backend_cpu(watch)
         cpu0, t0, done = time.process_time(), time.perf_counter(), 0
-        claiming = recording = 0.0
-        with conn.cursor() as cur:
-            while True:
-                t1 = time.perf_counter()
-                cur.execute(begin)
-                cur.nextset()
-                got = cur.fetchall()
-                conn.execute("COMMIT")
-                t2 = time.perf_counter()
-                claiming += t2 - t1
-                if not got:
-                    break
-                now = datetime.now(UTC).isoformat()  # the no-op send
-                rec = pg_store.batch_json([_record_row(r, n + k, now) for r in got])
-                params = {**record.fixed, "rec": rec, "actor": "floor"}
-                recorder.execute(record.sql, [params[p] for p in record.order], prepare=True)
-                recording += time.perf_counter() - t2
-                done += len(got)
+        claiming = 0.0
+        if thread is not None:
+            thread.start()
+        try:
+            with conn.cursor() as cur:
+                while True:
+                    t1 = time.perf_counter()
+                    cur.execute(begin)
+                    cur.nextset()
+                    got = cur.fetchall()
+                    conn.execute("COMMIT")
+                    claiming += time.perf_counter() - t1
+                    if not got:
+                        break
+                    now = datetime.now(UTC).isoformat()  # the no-op send
+                    rec = pg_store.batch_json([_record_row(r, n + k, now) for r in got])
+                    if thread is None:
+                        write(rec)
+                    else:
+                        waiting.put(rec)
+                    done += len(got)
+        finally:
+            if thread is not None:
+                waiting.put(None)
+                thread.join()
         seconds = time.perf_counter() - t0
         cpu = time.process_time() - cpu0
         server_after = harness.backend_cpu(watch)
@@ -108,15 +135,20 @@ def floor_drain(dsn: str, rows: int, batch: int) -> dict[str, float]:
             "cpu_us_per_row": cpu / max(done, 1) * 1e6,
             "server_cpu_us_per_row": server / max(done, 1) * 1e6,
             "claim_us_per_row": claiming / max(done, 1) * 1e6,
-            "record_us_per_row": recording / max(done, 1) * 1e6}
+            "record_us_per_row": recording[0] / max(done, 1) * 1e6}
 
 
-def floor(rows: int, batch: int) -> dict[str, float]:
+def floor(rows: int, batch: int, *, overlap: bool = False) -> dict[str, float]:
     """One drain on a fresh scratch database."""
     with scratch_database() as dsn:
         daemon_runs.prepare(dsn)
         daemon_runs.fill(dsn, rows)
-        return floor_drain(dsn, rows, batch)
+        return floor_drain(dsn, rows, batch, overlap=overlap)
+
+
+def overlapped(rows: int, batch: int) -> dict[str, float]:
+    """:func:`floor` with each record beside the next claim."""
+    return floor(rows, batch, overlap=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -125,10 +157,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rows", type=int, default=20_000, help="operations per drain")
     ap.add_argument("--batch", type=int, default=100, help="rows per claim")
     ap.add_argument("--pairs", type=int, default=3, help="drains")
+    ap.add_argument("--overlap", action="store_true",
+                    help="each record on a second connection, beside the next claim")
     args = ap.parse_args(argv)
     results = []
     for _ in range(args.pairs):
-        r = floor(args.rows, args.batch)
+        r = floor(args.rows, args.batch, overlap=args.overlap)
         results.append(r)
         print(f"floor: {r['rows_per_s']:7,.0f} ops/s, {r['commits_per_op']:.3f} commits/op, "
               f"client CPU {r['cpu_us_per_row']:4.0f} µs/op, "

@@ -95,8 +95,9 @@ def test_pooler_run_drains_through_pgbouncer(
     assert ratio.samples == [pooled.samples[0] / direct.samples[0]]
 
 
+@pytest.mark.parametrize("overlap", [False, True], ids=["one connection", "overlapped"])
 def test_floor_drains_every_row_with_the_daemon_s_records(
-    pg_admin_dsn: str, monkeypatch: pytest.MonkeyPatch
+    pg_admin_dsn: str, monkeypatch: pytest.MonkeyPatch, overlap: bool
 ) -> None:
     import psycopg
 
@@ -106,7 +107,7 @@ def test_floor_drains_every_row_with_the_daemon_s_records(
     with harness.scratch_database("outboxd_smoke") as dsn:
         daemon_runs.prepare(dsn)
         daemon_runs.fill(dsn, 250)
-        figures = floor.floor_drain(dsn, 250, 100)
+        figures = floor.floor_drain(dsn, 250, 100, overlap=overlap)
         assert figures["rows_per_s"] > 0 and figures["server_cpu_us_per_row"] > 0
         with psycopg.connect(dsn) as conn:
             statuses = conn.execute(
