@@ -31,6 +31,7 @@ Nothing leaves a terminal state except through an operator override recorded in
 
 from __future__ import annotations
 
+import functools
 from enum import StrEnum
 
 from outbox.errors import IllegalTransition
@@ -99,13 +100,15 @@ def check_transition(
         raise IllegalTransition(from_status=o.value, to_status=n.value, override=override)
 
 
+@functools.cache  # a few dozen moves exist; a refused one raises and is not kept
 def checked_move(
     old: OperationStatus | str | tuple[OperationStatus, ...], new: OperationStatus | str
 ) -> str:
     """The value a statement writes to move ``old -> new`` (``old``: the status, or the
     statuses, its WHERE clause admits), once each move is checked (:func:`check_transition`):
     every write of a status goes through here or through :func:`check_transition`, so the
-    table above is the one place moves are allowed."""
+    table above is the one place moves are allowed. Each move is checked once: the
+    recording thread asks for one per recorded send."""
     for source in old if isinstance(old, tuple) else (old,):
         if OperationStatus(source) != OperationStatus(new):  # a write that stays is no move
             check_transition(source, new)

@@ -95,10 +95,39 @@ def attempt(
     }
 
 
+_WIDEST_ESCAPE = 12  # characters of JSON a character can take: an escaped surrogate pair
+_ITEM_JSON = 8  # a key's and a value's quotes, ": " and ", "
+_SCALAR_JSON = {int: 16, float: 24, bool: 5, type(None): 4}
+"""The most characters ``json.dumps`` writes for a value of each type (an ``int`` below
+10**15 in magnitude; a float's ``repr``, ``NaN`` and ``-Infinity`` included)."""
+
+
+def _small_and_flat(evidence: Mapping[str, Any]) -> bool:
+    """Whether ``evidence`` is text keys to plain scalars whose JSON certainly fits
+    :data:`EVIDENCE_LIMIT`, known without encoding it: each character counted as the
+    widest escape it can take. Such evidence is what :func:`bounded` keeps as it is."""
+    room = EVIDENCE_LIMIT - 2
+    for key, value in evidence.items():
+        kind = type(key), type(value)
+        if kind[0] is not str:
+            return False
+        if kind[1] is str:
+            room -= _WIDEST_ESCAPE * (len(key) + len(value)) + _ITEM_JSON
+        elif kind[1] in _SCALAR_JSON and (kind[1] is not int or -10**15 < value < 10**15):
+            room -= _WIDEST_ESCAPE * len(key) + _ITEM_JSON + _SCALAR_JSON[kind[1]]
+        else:
+            return False
+        if room < 0:
+            return False
+    return True
+
+
 def bounded(evidence: Mapping[str, Any] | None) -> dict[str, Any] | None:
     """Evidence is untrusted and may be large: keep it small and JSON-safe."""
     if not evidence:
         return None
+    if _small_and_flat(evidence):  # the common case, as below without encoding it
+        return dict(evidence)
     try:  # the common case: plain JSON values already, and small
         text = json.dumps(evidence, sort_keys=True)
         plain = True

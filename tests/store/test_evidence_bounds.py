@@ -61,3 +61,24 @@ def test_evidence_near_the_limit_is_measured_by_encoding_it() -> None:
     escaped = {"body": "é" * (EVIDENCE_LIMIT // 6 + 1)}
     kept = journal.bounded(escaped)
     assert kept is not None and kept["truncated"] is True
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.dictionaries(st.one_of(st.text(max_size=40), st.integers()), st.one_of(
+    scalars, st.lists(st.integers(), max_size=3), st.characters()), max_size=12))
+def test_what_is_kept_without_encoding_is_what_encoding_keeps(evidence: dict[Any, Any]) -> None:
+    """The shortcut for small flat evidence decides only where the encoding would have
+    kept the evidence whole: never a case it would have cut, converted or refused."""
+    if evidence and journal._small_and_flat(evidence):
+        text = json.dumps(evidence, sort_keys=True)
+        assert len(text) <= EVIDENCE_LIMIT
+        assert all(isinstance(k, str) for k in evidence)
+        assert journal.bounded(evidence) == evidence
+
+
+def test_the_widest_characters_are_counted_as_their_escapes() -> None:
+    astral = {"k": "\U0001f600" * 341}  # 341 characters, 4,092 of JSON escapes
+    assert not journal._small_and_flat(astral)
+    kept = journal.bounded(astral)
+    assert kept is not None and kept["truncated"] is True
+    assert journal._small_and_flat({"provider": "null", "status_code": 200, "ok": True})
