@@ -83,6 +83,11 @@ RECORD_COLUMNS: tuple[tuple[str, TypeEngine[Any]], ...] = (
 )
 
 
+_ATTEMPT_KEYS = tuple((f"a_{c}", c) for c, _ in ATTEMPT_COLUMNS)
+"""Each attempt column's key in the record's parameter, and its name (made once, not per
+recorded send)."""
+
+
 def batch_json(rows: Sequence[dict[str, Any]]) -> str:
     """The JSON parameter of a batch (timestamps as ISO 8601 text, which PostgreSQL
     parses): :func:`dispatcher.store.direct.json_text`. A NUL character in any string of
@@ -524,7 +529,7 @@ class PostgresStore(CommonStatements):
                 "delay": t.delay_seconds,
                 "digest": t.payload_digest,
                 "detail": r.detail,
-                **{f"a_{c}": r.attempt[c] for c, _ in ATTEMPT_COLUMNS},
+                **{key: r.attempt[c] for key, c in _ATTEMPT_KEYS},
             }
             for r in items
             for t in (r.transition,)
