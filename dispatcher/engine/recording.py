@@ -129,7 +129,7 @@ def observe(item: InFlight, d: outcomes.Decision, *, moved: bool) -> None:
     out = item.outcome
     assert out is not None
     provider = item.op.provider
-    metrics.DISPATCH_ATTEMPTS.labels(provider, out.kind.value).inc()
+    metrics.attempts_series(provider, out.kind.value).inc()
     if not moved:
         return
     if out.replayed:
