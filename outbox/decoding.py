@@ -17,15 +17,23 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, cast
+from typing import Any
+
+import orjson
 
 MAX_JSON_DEPTH = 64
 """Containers nested inside each other, the outermost counting as 1."""
 
 PAYLOAD_UNDECODABLE = "payload_undecodable"
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89abAB][0-9a-fA-F]{2}|\\u[dD][c-fC-F][0-9a-fA-F]{2}")
+_NOT_FOR_ORJSON = re.compile(r"[0-9](?:[.eE]|[0-9]{18})")
+"""Text that may hold a number orjson reads otherwise than the standard library: a
+fraction or an exponent follows a digit in every JSON float (read the same, but left to
+the standard library's one rounding), and orjson reads an integer of 19 digits or more
+past 64 bits as a float. Matches inside strings too: those texts just take the slow path."""
 
 
 @dataclass(frozen=True)
@@ -110,6 +118,19 @@ def decode_json(raw: str | bytes | None, column: str) -> Any:
             raw = raw.decode("utf-8")
         except UnicodeDecodeError:
             return Undecodable(column, "stored bytes are not valid UTF-8")
+    if _NOT_FOR_ORJSON.search(raw) is None:
+        # orjson, in C: the standard library's value for such text (strings, integers of up
+        # to 18 digits, true, false, null), or an error for all it refuses and more (lone
+        # surrogates, NaN, nesting past 1,024): the standard library then says why
+        try:
+            fast = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            pass
+        else:
+            deep_enough = raw.count("[") + raw.count("{") > MAX_JSON_DEPTH
+            if deep_enough and isinstance(fast, dict | list) and json_depth_over(fast):
+                return Undecodable(column, f"nested deeper than {MAX_JSON_DEPTH} levels")
+            return fast
     try:
         value = json.loads(raw)
     except RecursionError:
@@ -170,11 +191,11 @@ def register_pg_time_loaders(connection: Any) -> None:
     class Clamped(TimestamptzLoader):
         def __init__(self, oid: int, context: Any = None) -> None:
             super().__init__(oid, context)
-            self._fast = fast_text(oid, context).load
+            self._fast: Callable[[Any], datetime] = fast_text(oid, context).load
 
         def load(self, data: Any) -> datetime:
             try:
-                return cast(datetime, self._fast(data))
+                return self._fast(data)
             except DataError:
                 raw = bytes(data)
                 if raw == b"infinity":
@@ -186,11 +207,11 @@ def register_pg_time_loaders(connection: Any) -> None:
     class ClampedBinary(TimestamptzBinaryLoader):
         def __init__(self, oid: int, context: Any = None) -> None:
             super().__init__(oid, context)
-            self._fast = fast_binary(oid, context).load
+            self._fast: Callable[[Any], datetime] = fast_binary(oid, context).load
 
         def load(self, data: Any) -> datetime:
             try:
-                return cast(datetime, self._fast(data))
+                return self._fast(data)
             except DataError:
                 return EARLIEST if bytes(data)[:1] >= b"\x80" else LATEST
 

@@ -5,13 +5,16 @@ the same payload in any key order, from the Python API or from a row inserted wi
 SQL, has the same digest. Approvals bind to this digest.
 
 The canonical form is computed by the maintained ``rfc8785`` library, except for the
-payloads the standard library's C encoder writes byte for byte the same (:func:`_plain`):
+payloads orjson (sorting keys) and the standard library's C encoder write byte for byte the
+same (:func:`_plain`):
 no floats (ECMAScript number formatting is what ``rfc8785`` is for), integers in JSON's
 exact domain, object keys that sort the same by code point as by UTF-16 code unit, and
-only JSON's own types. Both escape exactly ``"``, ``\\`` and the control characters below
-U+0020 (``\b \f \n \r \t`` by name, the rest as lower-case ``\u00xx``) and write every
-other character as UTF-8. ``tests/unit/test_digest.py`` checks the two agree on generated
-values, floats and odd keys included.
+only JSON's own types. All three escape exactly ``"``, ``\\`` and the control characters
+below U+0020 (``\b \f \n \r \t`` by name, the rest as lower-case ``\u00xx``) and write
+every other character as UTF-8. orjson goes first (a tenth of the C encoder's time); what
+it refuses (lone surrogates, nesting past 255 levels) goes to the C encoder.
+``tests/unit/test_digest.py`` checks that they agree with the library on generated values,
+floats and odd keys included.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import hashlib
 import json
 from typing import Any
 
+import orjson
 import rfc8785
 
 DIGEST_PREFIX = "sha256:"
@@ -58,6 +62,10 @@ def _plain(value: Any) -> bool:
 def canonical_json(payload: Any) -> bytes:
     """RFC 8785 canonical bytes of a JSON value."""
     if _plain(payload):
+        try:
+            return orjson.dumps(payload, option=orjson.OPT_SORT_KEYS)
+        except orjson.JSONEncodeError:  # a lone surrogate, nesting past orjson's limit
+            pass
         try:
             return _encode(payload).encode("utf-8")
         except UnicodeEncodeError:  # a lone surrogate: let the library say so its way

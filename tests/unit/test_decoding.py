@@ -6,7 +6,7 @@ import json
 from datetime import UTC, datetime
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from outbox.decoding import (
@@ -72,6 +72,39 @@ def test_anything_python_wrote_decodes_to_itself(value: object) -> None:
         assert "surrogate" in decoded.why
     else:
         assert decoded == value
+
+
+_ANY_NUMBER_OR_TEXT = (
+    st.none() | st.booleans() | st.integers() | st.floats()
+    | st.integers(min_value=10**17, max_value=10**21).flatmap(lambda n: st.sampled_from([n, -n]))
+    | st.text(st.characters(), max_size=8)
+)
+
+
+@settings(max_examples=800, deadline=None)
+@given(value=st.recursive(
+    _ANY_NUMBER_OR_TEXT,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=4), inner,
+                                                                  max_size=4),
+    max_leaves=30,
+), ascii_only=st.booleans())
+def test_the_fast_decoder_reads_what_the_standard_library_reads(
+    value: object, ascii_only: bool
+) -> None:
+    """orjson reads a text the regex lets through as ``json.loads`` reads it, to the type
+    (an integer of 19 digits or more, a float, NaN: the standard library's path), and what
+    orjson refuses gets the standard library's reason."""
+    raw = json.dumps(value, ensure_ascii=ascii_only)
+    decoded = decode_json(raw, "payload")
+    try:
+        expected = json.loads(raw)
+    except ValueError:
+        assert isinstance(decoded, Undecodable)
+        return
+    if isinstance(decoded, Undecodable):  # only lone surrogates from st.text()
+        assert "surrogate" in decoded.why
+    else:
+        assert repr(decoded) == repr(expected)
 
 
 _JSON_TEXT = st.recursive(

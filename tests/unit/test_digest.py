@@ -150,9 +150,16 @@ def _ours_or_error(value: Any) -> bytes | type[Exception]:
 @settings(max_examples=1500, deadline=None)
 @given(any_values)
 def test_canonical_json_is_the_rfc8785_librarys_bytes_or_its_error(value: Any) -> None:
-    """The fast path (the C encoder for float-free values) writes what ``rfc8785`` writes,
-    and refuses what it refuses with the same error."""
+    """The fast paths (orjson, then the C encoder, for float-free values) write what
+    ``rfc8785`` writes, and refuse what it refuses with the same error."""
     assert _ours_or_error(value) == _rfc8785_or_error(value)
+
+
+def _nested(levels: int) -> Any:
+    value: Any = []
+    for _ in range(levels):
+        value = [value]
+    return value
 
 
 def test_canonical_json_edge_cases_agree_with_rfc8785() -> None:
@@ -164,6 +171,9 @@ def test_canonical_json_edge_cases_agree_with_rfc8785() -> None:
         {"ctl": "\x00\x1f\x7f\u2028\u2029\b\f\n\r\t\"\\/"},
         {"big": MAX_SAFE, "small": -MAX_SAFE}, {"big": MAX_SAFE + 1}, {"f": 1.0, "g": 1e21},
         {"lone": "\ud800"}, {Name("k"): Name("v")}, {"t": (1, 2)}, {1: 2}, [], {}, "s", None,
+        {"every_control": "".join(map(chr, range(0x20)))},
+        {"deep": _nested(300)},  # past orjson's nesting limit: the C encoder's path
+        {"deep": _nested(300), "lone": "\udfff"},
     ]
     for value in cases:
         assert _ours_or_error(value) == _rfc8785_or_error(value), value
