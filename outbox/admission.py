@@ -9,8 +9,7 @@ daemon. Reasons are stable strings (they label the ``outbox_blocked_operations``
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from outbox import decoding
 from outbox.digest import canonical_json, digest_of_canonical
@@ -32,8 +31,10 @@ INCOMPATIBLE_VERSION = "incompatible_version"
 INCOMPATIBLE_PAYLOAD_SCHEMA = INCOMPATIBLE_VERSION  # one reason for schema and workflow
 
 
-@dataclass(frozen=True)
-class Admission:
+class Admission(NamedTuple):
+    """Whether a row may be dispatched; if not, why (a named tuple: one is made per claimed
+    row, a third of a frozen dataclass's construction time)."""
+
     ok: bool
     reason: str | None = None
     detail: str | None = None

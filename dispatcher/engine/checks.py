@@ -10,9 +10,9 @@ with it.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from sqlalchemy.engine import Connection
 
@@ -29,9 +29,9 @@ from providers.base import Provider
 S = OperationStatus
 
 
-@dataclass(frozen=True)
-class Verdict:
-    """``status`` is None when the row may be dispatched."""
+class Verdict(NamedTuple):
+    """``status`` is None when the row may be dispatched (a named tuple: one is made per
+    claimed row, see :mod:`dispatcher.store.transitions`)."""
 
     status: OperationStatus | None = None
     reason: str | None = None

@@ -14,9 +14,8 @@ reconciled by look-up; a new key is never minted.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 from dispatcher.engine.retry import RetryPolicy
 from outbox import states
@@ -40,8 +39,10 @@ KEY_REUSED = "key_reused_with_different_payload"
 AWAITING_CONFIRMATION = "awaiting_confirmation"
 
 
-@dataclass(frozen=True)
-class Decision:
+class Decision(NamedTuple):
+    """What an outcome means for its operation (a named tuple: one is made per send
+    recorded, see :mod:`dispatcher.store.transitions`)."""
+
     status: OperationStatus
     reason: str | None = None
     delay_seconds: float | None = None

@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -125,7 +125,7 @@ def decide(
         now=now,
     )
     sealed = seal_receipt(s.protection, item.op, d.receipt)  # protected providers only
-    return d if sealed is d.receipt else replace(d, receipt=sealed)
+    return d if sealed is d.receipt else d._replace(receipt=sealed)
 
 
 def observe(item: InFlight, d: outcomes.Decision, *, moved: bool) -> None:
