@@ -49,11 +49,12 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from dispatcher.daemon import Daemon
+    from dispatcher.daemon import Daemon, settle_heap
 
     cfg = load(args)
     daemon = Daemon(cfg)
     daemon.install_signal_handlers()
+    settle_heap()
     code = daemon.run(once=args.once)
     if daemon.worker.in_flight():
         # Sends still in flight after the grace period: their pool threads would hold the
