@@ -160,16 +160,33 @@ LATEST = datetime.max.replace(tzinfo=UTC)
 EARLIEST = datetime.min.replace(tzinfo=UTC)
 
 
+_PARSED_TIMES: dict[str, datetime] = {}
+"""Timestamps already parsed, by their text: the rows of one claim mostly share them (one
+statement set their lease, start and update times; a bulk load, their creation time)."""
+PARSED_TIMES_KEPT = 1024
+"""Entries :data:`_PARSED_TIMES` holds at most; it starts again empty past that."""
+
+
 def parse_time(text: str, column: str) -> datetime | Undecodable:
     """A timestamp stored as text (SQLite), in any ISO 8601 form, as an aware UTC
-    datetime; an :class:`Undecodable` for text that is not one."""
+    datetime; an :class:`Undecodable` for text that is not one. A text seen recently is
+    not parsed again (datetimes are immutable: the same object serves every row)."""
+    if type(text) is str:  # never a NotUtf8 (a str subclass), which is refused below
+        value = _PARSED_TIMES.get(text)
+        if value is not None:
+            return value
     if isinstance(text, NotUtf8):
         return Undecodable(column, "stored bytes are not valid UTF-8")
     try:
         value = datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError:
         return Undecodable(column, "not an ISO 8601 timestamp")
-    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+    value = value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+    if type(text) is str:
+        if len(_PARSED_TIMES) >= PARSED_TIMES_KEPT:
+            _PARSED_TIMES.clear()  # several threads may: the next parse fills it again
+        _PARSED_TIMES[text] = value
+    return value
 
 
 def register_pg_time_loaders(connection: Any) -> None:

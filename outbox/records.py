@@ -84,11 +84,10 @@ class OperationRecord:
                     values[at] = decoding.parse_time(values[at], OPERATION_FIELDS[at])
                 if isinstance(values[at], decoding.Undecodable):
                     problem, values[at] = values[at], None
-            bad_text = next(
-                (n for n, v in zip(OPERATION_FIELDS, values, strict=True)
-                 if isinstance(v, decoding.NotUtf8)),
-                None,
-            )
+            # the types of the row's values as a set first (C loops): rarely a NotUtf8
+            if decoding.NotUtf8 in set(map(type, values)):
+                bad_text = next(n for n, v in zip(OPERATION_FIELDS, values, strict=True)
+                                if isinstance(v, decoding.NotUtf8))
         if bad_text is not None:
             problem = decoding.Undecodable(bad_text, "stored bytes are not valid UTF-8")
         elif isinstance(values[_RECEIPT_AT], decoding.Undecodable):

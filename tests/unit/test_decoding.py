@@ -9,12 +9,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from outbox import decoding
 from outbox.decoding import (
     MAX_JSON_DEPTH,
     NotUtf8,
     Undecodable,
     decode_json,
     json_depth_over,
+    parse_time,
     sqlite_text,
 )
 from outbox.records import OPERATION_FIELDS, OperationRecord
@@ -129,3 +131,43 @@ def test_a_typed_row_reads_as_the_generic_path_reads_it(
                   lease_expires_at=when, idempotency_key=text)
     row = tuple(values[name] for name in OPERATION_FIELDS)
     assert OperationRecord.from_raw_values(row, typed=True) == OperationRecord.from_raw_values(row)
+
+
+@given(when=st.datetimes(timezones=st.sampled_from([UTC, None])),
+       sep=st.sampled_from([" ", "T"]), zulu=st.booleans())
+def test_a_timestamp_parsed_again_is_the_same_instant(
+    when: datetime, sep: str, zulu: bool
+) -> None:
+    """SQLite's stored text, parsed twice (the second time from the kept parses), reads as
+    the same aware UTC instant as the standard library's reading of it."""
+    text = when.replace(tzinfo=None).isoformat(sep) + ("Z" if zulu else "")
+    expected = datetime.fromisoformat(text.replace("Z", "+00:00")).replace(tzinfo=UTC)
+    assert parse_time(text, "created_at") == expected
+    again = parse_time(text, "created_at")
+    assert again == expected and again.tzinfo is UTC
+
+
+def test_kept_parses_never_answer_for_bytes_that_are_not_utf8() -> None:
+    """A NotUtf8 equals the str of the same characters: it is still refused, after that
+    str was parsed and kept."""
+    text = "2026-12-07 15:59:28.123456"
+    assert isinstance(parse_time(text, "updated_at"), datetime)
+    refused = parse_time(NotUtf8(text), "updated_at")
+    assert isinstance(refused, Undecodable) and refused.column == "updated_at"
+
+
+def test_kept_parses_are_bounded() -> None:
+    for second in range(decoding.PARSED_TIMES_KEPT + 10):
+        parse_time(f"2026-12-07 00:{second // 60 % 60:02d}:{second % 60:02d}.{second:06d}", "t")
+    assert len(decoding._PARSED_TIMES) <= decoding.PARSED_TIMES_KEPT
+
+
+def test_a_row_with_text_that_is_not_utf8_names_its_column() -> None:
+    values: dict[str, object] = dict.fromkeys(OPERATION_FIELDS)
+    values.update(id=1, tenant_id="t", task_id=NotUtf8("t\udcff"), operation_id="o",
+                  provider="p", payload="{}", requires_approval=0, status="claimed",
+                  attempts=0, state_revision=0, created_at="2026-12-07 00:00:00",
+                  updated_at="2026-12-07 00:00:00")
+    record = OperationRecord.from_raw_values(tuple(values[n] for n in OPERATION_FIELDS))
+    assert isinstance(record.payload, Undecodable)
+    assert record.payload.column == "task_id"
