@@ -40,6 +40,7 @@ SQLITE_TRIGGERS = {
 PG_TRIGGERS = {
     "outbox_operations_admit",
     "outbox_operations_immutable",
+    "outbox_operations_digest_once",
     "outbox_operations_notify",
     "outbox_events_append_only",
     "outbox_events_no_truncate",
