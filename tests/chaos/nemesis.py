@@ -75,6 +75,9 @@ FAKETIME_LIB = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"
 NON_FINAL = ("pending", "claimed", "dispatching", "unknown")
 
 
+DRAIN_CAP = 4
+"""The drain's whole wait, in ``drain_timeout``s (the CI tier's test allows 900 s in all)."""
+
 @dataclass
 class ChaosConfig:
     seed: int = 1
@@ -109,7 +112,7 @@ class ChaosConfig:
     min_failpoint_hits: int = 0  # per point, checked before the work directory may go
     control: bool = False  # the sim ignores keys while the provider claims a window
     faketime: bool = True
-    drain_timeout: float = 120.0
+    drain_timeout: float = 120.0  # seconds without an operation settled: see Runner._drain
     workdir: str | None = None
     keep: bool = False
     verbose: bool = False
@@ -923,7 +926,11 @@ class Runner:
 
     def _drain(self, engine: Engine) -> bool:
         """Faults off; every replica restarted without failpoints; wait until no operation
-        is pending, leased or unknown (or the drain times out)."""
+        is pending, leased or unknown — on that state, not on the clock: the drain fails
+        when no operation has settled for ``drain_timeout`` seconds (a stuck drain), or
+        after :data:`DRAIN_CAP` times that in all. A slow host settles the same operations
+        later (lease expiries under load leave more of them ``unknown`` for reconciliation
+        to look up), and the run must not fail for that alone."""
         assert self.sim is not None
         self.sim.control(p_drop_after_apply=0.0, p_5xx_before=0.0, p_5xx_after=0.0,
                          p_429=0.0, p_503=0.0, p_slow=0.0)
@@ -932,8 +939,11 @@ class Runner:
         for r in self.replicas:
             r.kill()
             self._start(r, armed=False)
-        deadline = time.monotonic() + self.cfg.drain_timeout
-        while time.monotonic() < deadline:
+        started = time.monotonic()
+        cap = started + DRAIN_CAP * self.cfg.drain_timeout
+        deadline = started + self.cfg.drain_timeout
+        fewest: int | None = None
+        while time.monotonic() < min(deadline, cap):
             try:
                 with engine.connect() as conn:
                     left = conn.execute(sa.text(
@@ -941,6 +951,9 @@ class Runner:
                         " ('pending', 'claimed', 'dispatching', 'unknown')")).scalar_one()
                 if left == 0:
                     return True
+                if fewest is None or left < fewest:  # settling: wait on
+                    fewest = left
+                    deadline = time.monotonic() + self.cfg.drain_timeout
             except Exception:
                 pass
             if self.cfg.verbose and time.monotonic() % 5 < 0.25:
