@@ -76,7 +76,8 @@ def test_phase_timing_runs(pg_admin_dsn: str, monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setattr(harness, "ADMIN_DSN", pg_admin_dsn)
     seconds, timed = phases.measure(300, 100)
     assert seconds > 0
-    assert {"claim and mark statement", "dispatching transaction", "record transaction"
+    assert {"claim and mark statement", "dispatching transaction", "record transaction",
+            "rows built (OperationRecord.from_raw_values)", "checks of each row (pre_dispatch)"
             } <= set(timed)
     # the claim and mark statement, with its BEGIN (prepared server-side: EXECUTE)
     assert any(label.startswith("SQL BEGIN; EXECUTE outboxd_") for label in timed)
