@@ -156,7 +156,12 @@ sa.Index(
     postgresql_where=at_rest(),
     sqlite_where=at_rest(),
 )
-sa.Index("ix_outbox_operations_task", operations.c.tenant_id, operations.c.task_id)
+# Rows by task; the id last gives each row a key of its own (migration 0007): under
+# (tenant_id, task_id) alone a task's rows and every version of them shared one key, a
+# long run of duplicates rewritten on each of a dispatch's (never HOT) updates.
+sa.Index(
+    "ix_outbox_operations_task", operations.c.tenant_id, operations.c.task_id, operations.c.id
+)
 sa.Index(
     "ix_outbox_operations_ordering",
     operations.c.ordering_key,

@@ -1,5 +1,6 @@
 """Migrations that rebuild indexes and change no row: 0004 (the status index holds only
-rows at rest) and 0005 (BRIN for the append-only tables' ``created_at`` on PostgreSQL).
+rows at rest), 0005 (BRIN for the append-only tables' ``created_at`` on PostgreSQL) and 0007
+(the task index ends with the row's id).
 Each upgrades a live database at the revision before it, holding rows in every operation
 state, to head: no row changes, the index is what the revision says, the gauges count every
 state as a plain count does, and a real ``outboxd run --once`` dispatches the rows —
@@ -27,6 +28,7 @@ from tests.migration.test_0002_upgrade import (
 )
 
 STATUS_INDEX = "ix_outbox_operations_status_updated"
+TASK_INDEX = "ix_outbox_operations_task"
 BRIN_INDEXES = ("ix_outbox_events_created", "ix_outbox_attempts_created")
 
 
@@ -50,9 +52,28 @@ def _brin_on_postgresql(engine: Engine, upgraded: bool) -> None:
         assert brin == (upgraded and engine.dialect.name == "postgresql"), name
 
 
+def _task_index_by_id(engine: Engine, upgraded: bool) -> None:
+    columns = _index_definition(engine, TASK_INDEX).split("(", 1)[1].replace('"', "")
+    assert columns.startswith("TENANT_ID, TASK_ID"), columns
+    assert ("TASK_ID, ID)" in columns) == upgraded, columns
+    with engine.connect() as conn:  # a task's rows are found through it, by its prefix
+        if engine.dialect.name == "sqlite":
+            plan = " ".join(str(r[-1]) for r in conn.exec_driver_sql(
+                "EXPLAIN QUERY PLAN SELECT id FROM outbox_operations"
+                " WHERE tenant_id = 't' AND task_id = 'k' ORDER BY id"))
+            assert TASK_INDEX in plan and "TEMP B-TREE" not in plan.upper(), plan
+        else:
+            conn.exec_driver_sql("SET LOCAL enable_seqscan = off")
+            plan = " ".join(str(r[0]) for r in conn.exec_driver_sql(
+                "EXPLAIN SELECT id FROM outbox_operations"
+                " WHERE tenant_id = 't' AND task_id = 'k'"))
+            assert TASK_INDEX in plan, plan
+
+
 CASES: dict[str, tuple[str, Callable[[Engine, bool], None]]] = {
     "0004": ("0003", _status_index_at_rest),
     "0005": ("0004", _brin_on_postgresql),
+    "0007": ("0006", _task_index_by_id),
 }
 
 
