@@ -189,6 +189,11 @@ def parse_time(text: str, column: str) -> datetime | Undecodable:
     return value
 
 
+_LOADED_TIMES: dict[Any, dict[bytes, datetime]] = {}
+"""PostgreSQL's ``timestamptz`` texts already loaded, by the session's time zone, then by
+the text (:func:`register_pg_time_loaders`); each holds at most :data:`PARSED_TIMES_KEPT`."""
+
+
 def register_pg_time_loaders(connection: Any) -> None:
     """PostgreSQL ``timestamptz`` values Python cannot represent (``infinity``,
     ``-infinity``, years after 9999 or before 1) read as the latest / earliest datetime
@@ -209,17 +214,33 @@ def register_pg_time_loaders(connection: Any) -> None:
         def __init__(self, oid: int, context: Any = None) -> None:
             super().__init__(oid, context)
             self._fast: Callable[[Any], datetime] = fast_text(oid, context).load
+            # by the connection's time zone too: the same text loads as another
+            # datetime where the session's TimeZone differs
+            self._seen = _LOADED_TIMES.setdefault(self._timezone, {})
 
         def load(self, data: Any) -> datetime:
+            # a claim's rows share most of their timestamps (one statement set their
+            # lease, start and update times): a text seen recently is not parsed again
+            # (a read-only memoryview hashes and compares as its bytes)
+            seen = self._seen
+            value = seen.get(data)
+            if value is not None:
+                return value
             try:
-                return self._fast(data)
+                value = self._fast(data)
             except DataError:
-                raw = bytes(data)
-                if raw == b"infinity":
-                    return LATEST
-                if raw == b"-infinity":
-                    return EARLIEST
-                return EARLIEST if raw.endswith(b"BC") else LATEST
+                value = _clamped(bytes(data))
+            if len(seen) >= PARSED_TIMES_KEPT:
+                seen.clear()  # several threads may: the next load fills it again
+            seen[bytes(data)] = value
+            return value
+
+    def _clamped(raw: bytes) -> datetime:
+        if raw == b"infinity":
+            return LATEST
+        if raw == b"-infinity":
+            return EARLIEST
+        return EARLIEST if raw.endswith(b"BC") else LATEST
 
     class ClampedBinary(TimestamptzBinaryLoader):
         def __init__(self, oid: int, context: Any = None) -> None:
