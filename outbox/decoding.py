@@ -223,17 +223,23 @@ def register_pg_time_loaders(connection: Any) -> None:
             # lease, start and update times): a text seen recently is not parsed again
             # (a read-only memoryview hashes and compares as its bytes)
             seen = self._seen
-            value = seen.get(data)
+            try:
+                value = seen.get(data)
+            except (TypeError, ValueError):  # a writable buffer cannot be a key: parsed
+                return self._parse(data)
             if value is not None:
                 return value
-            try:
-                value = self._fast(data)
-            except DataError:
-                value = _clamped(bytes(data))
+            value = self._parse(data)
             if len(seen) >= PARSED_TIMES_KEPT:
                 seen.clear()  # several threads may: the next load fills it again
             seen[bytes(data)] = value
             return value
+
+        def _parse(self, data: Any) -> datetime:
+            try:
+                return self._fast(data)
+            except DataError:
+                return _clamped(bytes(data))
 
     def _clamped(raw: bytes) -> datetime:
         if raw == b"infinity":

@@ -65,3 +65,17 @@ def test_the_loaded_texts_are_bounded(pg_admin_dsn: str) -> None:
         seconds=decoding.PARSED_TIMES_KEPT + 10)
     assert all(len(seen) <= decoding.PARSED_TIMES_KEPT
                for seen in decoding._LOADED_TIMES.values())
+
+
+def test_a_buffer_that_cannot_be_a_key_is_parsed(pg_admin_dsn: str) -> None:
+    """The driver hands the loader a read-only view of the result; any other buffer (a
+    writable one cannot be hashed) is parsed as it was before texts were kept."""
+    with psycopg.connect(pg_admin_dsn, autocommit=True) as conn:
+        decoding.register_pg_time_loaders(conn)
+        oid = psycopg.postgres.types["timestamptz"].oid
+        loader = conn.adapters.get_loader(oid, psycopg.pq.Format.TEXT)
+        assert loader is not None
+        load = loader(oid, conn).load
+        for text in (b"2026-12-07 20:20:19.5+00", b"infinity"):
+            writable = memoryview(bytearray(text))
+            assert load(writable) == load(text) == load(memoryview(text))
