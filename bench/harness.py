@@ -52,6 +52,13 @@ def writing_commits(dsn: str) -> int:
     return int(row[0])
 
 
+def wal_lsn(conn: psycopg.Connection[Any]) -> int:
+    """The write-ahead log's current position, in bytes (``bench.wal``)."""
+    row = conn.execute("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
 def peak_rss_mb(pid: int) -> float:
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():

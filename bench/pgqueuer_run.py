@@ -4,10 +4,11 @@ installed into the bench environment by ``make bench`` only; it is never a depen
 outboxd.
 
 Run as a subprocess: ``python -m bench.pgqueuer_run DSN DRIVER JOBS BATCH`` (DRIVER is
-``asyncpg`` or ``psycopg``) prints ``JOBS_PER_S COMMITS_PER_JOB CLIENT_CPU SERVER_CPU``,
-the last two in µs per job. The jobs are enqueued first (then ``ANALYZE``, as outboxd's
-backlog is staged), then timed from the consumer's
-start until drain mode returns (the queue empty, every job's completion written). Commits
+``asyncpg`` or ``psycopg``) prints ``JOBS_PER_S COMMITS_PER_JOB CLIENT_CPU SERVER_CPU
+WAL_START WAL_END``, the CPU in µs per job, the write-ahead log's positions in bytes at
+the drain's start and end (``bench.wal``). The jobs are enqueued first (then ``ANALYZE``,
+as outboxd's backlog is staged), then timed from the consumer's start until drain mode
+returns (the queue empty, every job's completion written). Commits
 are the transactions that wrote over the drain (``bench.harness.writing_commits``), counted
 as for outboxd; the CPU is the consumer process's over the drain and the database's server
 processes' (``bench.harness.backend_cpu``), as ``bench.daemon_runs.drain`` counts outboxd's.
@@ -30,7 +31,7 @@ from typing import Any
 
 import psycopg
 
-from bench.harness import REPO, backend_cpu, writing_commits
+from bench.harness import REPO, backend_cpu, wal_lsn, writing_commits
 
 ENQUEUE_CHUNK = 1_000
 STATS_FLUSH_S = 1.2
@@ -79,6 +80,7 @@ async def _run(dsn: str, driver: str, jobs: int, batch: int) -> dict[str, float]
         before = writing_commits(dsn)
         with psycopg.connect(dsn, autocommit=True) as watch:
             server_before = backend_cpu(watch)
+            wal_start = wal_lsn(watch)
             cpu_before = time.process_time()
             t0 = time.perf_counter()
             await qm.run(batch_size=batch, mode=QueueExecutionMode.drain,
@@ -86,12 +88,14 @@ async def _run(dsn: str, driver: str, jobs: int, batch: int) -> dict[str, float]
             seconds = time.perf_counter() - t0
             cpu = time.process_time() - cpu_before
             server = sum(v - server_before.get(p, 0.0) for p, v in backend_cpu(watch).items())
+            wal_end = wal_lsn(watch)
     finally:
         await conn.close()
     await asyncio.sleep(STATS_FLUSH_S)
     commits = writing_commits(dsn) - before
     return {"rows_per_s": jobs / seconds, "commits_per_op": commits / jobs,
-            "cpu_us_per_row": cpu * 1e6 / jobs, "server_cpu_us_per_row": server * 1e6 / jobs}
+            "cpu_us_per_row": cpu * 1e6 / jobs, "server_cpu_us_per_row": server * 1e6 / jobs,
+            "wal_start": wal_start, "wal_end": wal_end}
 
 
 def run(dsn: str, driver: str, jobs: int, batch: int) -> tuple[float, float]:
@@ -109,19 +113,22 @@ def figures(dsn: str, driver: str, jobs: int, batch: int) -> dict[str, float]:
         cwd=REPO, capture_output=True, text=True, timeout=600, check=False,
     )
     try:
-        values = [float(v) for v in out.stdout.split()[-4:]]
+        values = [float(v) for v in out.stdout.split()[-len(FIGURES):]]
         return dict(zip(FIGURES, values, strict=True))
     except ValueError:
         raise RuntimeError(f"pgqueuer run failed: {out.stderr[-800:]}") from None
 
 
-FIGURES = ("rows_per_s", "commits_per_op", "cpu_us_per_row", "server_cpu_us_per_row")
+FIGURES = ("rows_per_s", "commits_per_op", "cpu_us_per_row", "server_cpu_us_per_row",
+           "wal_start", "wal_end")
+"""What a drain reports; the last two are the write-ahead log's positions in bytes at the
+drain's start and end (``bench.wal``)."""
 
 
 def main() -> int:
     dsn, driver, jobs, batch = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
     r = asyncio.run(_run(dsn, driver, jobs, batch))
-    print(" ".join(f"{r[k]:.4f}" for k in FIGURES))
+    print(" ".join(f"{r[k]:.4f}" if isinstance(r[k], float) else str(r[k]) for k in FIGURES))
     return 0
 
 

@@ -127,3 +127,26 @@ def test_floor_drains_every_row_with_the_daemon_s_records(
                              ("pending", "claimed", 250)]
     assert attempts == [("applied", 250, 250)]
     assert tokens == (3,)  # one fencing token per claimed batch
+
+
+def test_wal_counts_a_drain_s_records_in_its_own_database(
+    pg_admin_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from bench import wal
+
+    monkeypatch.setattr(harness, "ADMIN_DSN", pg_admin_dsn)
+    rate, use = wal.outboxd(300, 100)
+    assert rate > 0
+    # each operation: three events and an attempt inserted, its row updated twice (the
+    # mark and the record); only this database's records count, so the rest of the suite
+    # writing beside it adds nothing (the daemon's start-up row in outbox_meta: 1/300)
+    inserts = use["Heap/INSERT"].records + use.get("Heap/INSERT+INIT", wal.WalUse(0, 0)).records
+    updates = use["Heap/UPDATE"].records + use.get("Heap/UPDATE+INIT", wal.WalUse(0, 0)).records
+    assert inserts == pytest.approx(4, abs=0.02)
+    assert updates == pytest.approx(2, abs=0.02)
+    assert use["total"].bytes > 0
+    _, by_table = wal.outboxd(300, 100, by="relation")
+    assert by_table["outbox_events"].records == pytest.approx(3, abs=0.02)
+    assert by_table["outbox_attempts"].records == pytest.approx(1, abs=0.02)
+    shown = wal.table({"outboxd": by_table}, "relation")
+    assert shown.splitlines()[-1].startswith("total") and "outbox_events" in shown
