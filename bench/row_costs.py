@@ -33,7 +33,7 @@ from typing import Any
 import psycopg
 
 from bench import daemon_runs
-from bench.harness import scratch_database
+from bench.harness import scratch_database, wal_lsn
 
 BATCH = 100
 TO_DISPATCHING = (
@@ -116,8 +116,10 @@ def split_costs(
     conn: psycopg.Connection[Any], rows: int, rounds: int, fillfactor: int = 70
 ) -> dict[str, float]:
     """µs per row, commit included, of the mark and the record as the schema has them and
-    in the split prototype (its operations table at ``fillfactor``); and the share of the
-    prototype's updates that were HOT."""
+    in the split prototype (its operations table at ``fillfactor``); the bytes of
+    write-ahead log each writes per row (the log's position before and after each
+    statement's transaction: run it on a server nothing else writes to); and the share of
+    the prototype's updates that were HOT."""
     for ddl in SPLIT_SCHEMA:
         conn.execute(ddl.format(fillfactor=int(fillfactor)))
     conn.execute("VACUUM (ANALYZE) ops_now, ops_split, ready_split, leases_split")
@@ -136,14 +138,18 @@ def split_costs(
             + RECORD.format(table="ops_split") + " FROM l WHERE ops_split.id = l.id"),
     }
     times: dict[str, list[float]] = {name: [] for name in statements}
+    logged: dict[str, list[float]] = {name: [] for name in statements}
     for i in range(min(rounds, rows // BATCH)):
         span = {"a": 1 + i * BATCH, "b": (i + 1) * BATCH}
         for name, sql in statements.items():
+            before = wal_lsn(conn)
             t0 = time.perf_counter()
             with conn.transaction():
                 conn.execute(sql, span)
             times[name].append((time.perf_counter() - t0) * 1e6 / BATCH)
+            logged[name].append((wal_lsn(conn) - before) / BATCH)
     result = {name: statistics.median(ts) for name, ts in times.items()}
+    result |= {f"{name}, log bytes": statistics.median(b) for name, b in logged.items()}
     conn.execute("SELECT pg_stat_force_next_flush()")  # this backend's counts, when idle
     conn.execute("SELECT pg_stat_clear_snapshot()")
     row = conn.execute("SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables"
@@ -174,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     for part, figures in measure(args.rows, args.rounds, args.fillfactor).items():
         print(f"{part}:")
         for name, value in figures.items():
-            unit = "" if "share" in name else " µs a row"
+            unit = "" if "share" in name else " a row" if "bytes" in name else " µs a row"
             print(f"  {name}: {value:.2f}{unit}" if not unit else f"  {name}: {value:.1f}{unit}")
     return 0
 

@@ -58,6 +58,8 @@ def test_row_costs_runs(pg_admin_dsn: str, monkeypatch: pytest.MonkeyPatch) -> N
     assert figures["indexes"]["without every secondary index"] > 0
     assert any(name.startswith("without uq_") for name in figures["indexes"])
     assert figures["split"]["record, split"] > 0
+    assert figures["split"]["record, split, log bytes"] > 0
+    assert figures["split"]["mark, as the schema is, log bytes"] > 0
     assert 0 <= figures["split"]["share of the split's updates that were HOT"] <= 1
 
 
