@@ -128,7 +128,7 @@ drain's start and end (``bench.wal``)."""
 def main() -> int:
     dsn, driver, jobs, batch = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
     r = asyncio.run(_run(dsn, driver, jobs, batch))
-    print(" ".join(f"{r[k]:.4f}" if isinstance(r[k], float) else str(r[k]) for k in FIGURES))
+    print(" ".join(f"{r[k]:.4f}" for k in FIGURES))
     return 0
 
 

@@ -36,6 +36,9 @@ class WalUse(NamedTuple):
     bytes: float
 
 
+NONE = WalUse(0.0, 0.0)
+"""A record type (or relation) a side did not write."""
+
 _RECORDS = """
 WITH db AS (
   SELECT oid, dattablespace FROM pg_database WHERE datname = current_database()
@@ -45,14 +48,17 @@ WITH db AS (
   FROM pg_get_wal_records_info('0/0'::pg_lsn + %(start)s::numeric,
                                '0/0'::pg_lsn + %(end)s::numeric)
 )
-SELECT kind,
-       coalesce(pg_filenode_relation(
-         CASE WHEN rel[1]::oid = db.dattablespace THEN 0 ELSE rel[1]::oid END,
-         rel[3]::oid)::text, 'relation ' || rel[3]) AS relation,
-       count(*), sum(size)
+SELECT {key}, count(*), sum(size)
 FROM r, db WHERE rel[2]::oid = db.oid
-GROUP BY 1, 2
+GROUP BY 1
 """
+_KEYS = {
+    "kind": "kind",
+    "relation": "coalesce(pg_filenode_relation("
+                "CASE WHEN rel[1]::oid = db.dattablespace THEN 0 ELSE rel[1]::oid END,"
+                " rel[3]::oid)::text, 'relation ' || rel[3])",
+}
+"""What a row of :func:`wal_use` is: a record type, or the table or index written."""
 
 
 def wal_use(dsn: str, start: int, end: int, operations: int, *,
@@ -65,14 +71,10 @@ def wal_use(dsn: str, start: int, end: int, operations: int, *,
     other databases' are left out, so other work on the server does not count."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
-        rows = conn.execute(_RECORDS, {"start": start, "end": end}).fetchall()
-    sums: dict[str, list[int]] = {}
-    for kind, relation, n, size in rows:
-        key = str(kind if by == "kind" else relation)
-        got = sums.setdefault(key, [0, 0])
-        got[0] += int(n)
-        got[1] += int(size)
-    use = {k: WalUse(n / operations, size / operations) for k, (n, size) in sums.items()}
+        rows = conn.execute(_RECORDS.format(key=_KEYS[by]),
+                            {"start": start, "end": end}).fetchall()
+    use = {str(key): WalUse(int(n) / operations, int(size) / operations)
+           for key, n, size in rows}
     use["total"] = WalUse(sum(u.records for u in use.values()),
                           sum(u.bytes for u in use.values()))
     return use
@@ -102,15 +104,14 @@ def table(sides: Mapping[str, dict[str, WalUse]], first: str = "record type") ->
     """Record types (or relations) as rows, the largest first, ``total`` last; records and
     bytes per operation for each side as columns."""
     kinds = sorted({k for use in sides.values() for k in use if k != "total"},
-                   key=lambda k: -max(use.get(k, WalUse(0, 0)).bytes for use in sides.values()))
-    width = max(24, *(len(k) + 2 for k in kinds))
+                   key=lambda k: -max(use.get(k, NONE).bytes for use in sides.values()))
+    width = max([24, *(len(k) + 2 for k in kinds)])
     head = f"{first:<{width}}" + "".join(f"{name + ' records':>18}{'bytes':>9}"
                                              for name in sides)
     lines = [head]
     for kind in [*kinds, "total"]:
-        cells = "".join(
-            f"{use.get(kind, WalUse(0, 0)).records:18.2f}{use.get(kind, WalUse(0, 0)).bytes:9,.0f}"
-            for use in sides.values())
+        cells = "".join(f"{u.records:18.2f}{u.bytes:9,.0f}"
+                        for u in (use.get(kind, NONE) for use in sides.values()))
         lines.append(f"{kind:<{width}}{cells}")
     return "\n".join(lines)
 

@@ -142,8 +142,8 @@ def test_wal_counts_a_drain_s_records_in_its_own_database(
     # each operation: three events and an attempt inserted, its row updated twice (the
     # mark and the record); only this database's records count, so the rest of the suite
     # writing beside it adds nothing (the daemon's start-up row in outbox_meta: 1/300)
-    inserts = use["Heap/INSERT"].records + use.get("Heap/INSERT+INIT", wal.WalUse(0, 0)).records
-    updates = use["Heap/UPDATE"].records + use.get("Heap/UPDATE+INIT", wal.WalUse(0, 0)).records
+    inserts = use["Heap/INSERT"].records + use.get("Heap/INSERT+INIT", wal.NONE).records
+    updates = use["Heap/UPDATE"].records + use.get("Heap/UPDATE+INIT", wal.NONE).records
     assert inserts == pytest.approx(4, abs=0.02)
     assert updates == pytest.approx(2, abs=0.02)
     assert use["total"].bytes > 0
