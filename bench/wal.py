@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-from collections.abc import Mapping
-from typing import NamedTuple
+import uuid
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any, NamedTuple
 
 import psycopg
 
@@ -80,21 +82,32 @@ def wal_use(dsn: str, start: int, end: int, operations: int, *,
     return use
 
 
+@contextmanager
+def wal_kept(dsn: str) -> Iterator[psycopg.Connection[Any]]:
+    """The server keeps its log from now until the block ends (a temporary physical
+    replication slot, reserved at once, on the connection yielded): a checkpoint during or
+    after a drain would otherwise remove the segments :func:`wal_use` reads."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("SELECT pg_create_physical_replication_slot(%s, true, true)",
+                     (f"outboxd_bench_wal_{uuid.uuid4().hex[:12]}",))
+        yield conn  # the slot ends with the session
+
+
 def outboxd(rows: int, batch: int, by: str = "kind") -> tuple[float, dict[str, WalUse]]:
     """One ``outboxd run`` drain: its rate and its log per operation (:func:`wal_use`)."""
     with scratch_database() as dsn:
         daemon_runs.prepare(dsn)
         daemon_runs.fill(dsn, rows)
-        with psycopg.connect(dsn, autocommit=True) as conn:
+        with wal_kept(dsn) as conn:
             start = wal_lsn(conn)
             rate = daemon_runs.drain(dsn, rows, batch=batch)["rows_per_s"]
             end = wal_lsn(conn)
-        return rate, wal_use(dsn, start, end, rows, by=by)
+            return rate, wal_use(dsn, start, end, rows, by=by)
 
 
 def pgqueuer(rows: int, batch: int, by: str = "kind") -> tuple[float, dict[str, WalUse]]:
     """One PgQueuer-asyncpg drain: its rate and its log per job (:func:`wal_use`)."""
-    with scratch_database() as dsn:
+    with scratch_database() as dsn, wal_kept(dsn):
         r = pgqueuer_run.figures(dsn, "asyncpg", rows, batch)
         return r["rows_per_s"], wal_use(dsn, int(r["wal_start"]), int(r["wal_end"]), rows,
                                           by=by)

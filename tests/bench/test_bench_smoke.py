@@ -152,3 +152,20 @@ def test_wal_counts_a_drain_s_records_in_its_own_database(
     assert by_table["outbox_attempts"].records == pytest.approx(1, abs=0.02)
     shown = wal.table({"outboxd": by_table}, "relation")
     assert shown.splitlines()[-1].startswith("total") and "outbox_events" in shown
+
+
+def test_wal_keeps_the_log_it_reads_through_checkpoints(
+    pg_admin_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from bench import wal
+
+    monkeypatch.setattr(harness, "ADMIN_DSN", pg_admin_dsn)
+    with harness.scratch_database("outboxd_smoke") as dsn, wal.wal_kept(dsn) as conn:
+        start = harness.wal_lsn(conn)
+        conn.execute("CREATE TABLE t (n int)")
+        conn.execute("INSERT INTO t SELECT generate_series(1, 100)")
+        for _ in range(3):  # what the rest of a busy server does: segments switched, and
+            conn.execute("SELECT pg_switch_wal()")  # a checkpoint that may remove them
+            conn.execute("CHECKPOINT")
+        use = wal.wal_use(dsn, start, harness.wal_lsn(conn), 100, by="relation")
+    assert use["t"].records == pytest.approx(1)  # one heap insert a row
